@@ -1,0 +1,85 @@
+"""A bounded, thread-safe memo of rule results keyed by target and input signature.
+
+A signature holds everything a rule's result may depend on: for tensors the shape, strides,
+storage offset, dtype, logical device, requires_grad and conj/neg bits; for python values
+their type and value. Two calls share an entry only when all of it matches.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Hashable
+
+import torch
+
+from .devices import device_of
+
+
+class Uncacheable(Exception):
+    """A value whose identity, not its content, matters; calls on it are not memoized."""
+
+
+_PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.memory_format,
+          torch.layout, type(Ellipsis))
+
+
+def signature(value: Any) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise Uncacheable
+        bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
+        return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+                device_of(value), value.requires_grad, bits)
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(signature(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((key, signature(item)) for key, item in value.items()))
+    if isinstance(value, slice):
+        return ("slice", signature(value.start), signature(value.stop), signature(value.step))
+    raise Uncacheable
+
+
+class RuleCache:
+    """An LRU map from call signatures to recorded results."""
+
+    def __init__(self, max_entries: int = 8192):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: Hashable, entry: Any) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries),
+                    "max_entries": self.max_entries}
+
+
+rule_cache = RuleCache()

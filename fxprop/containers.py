@@ -1,0 +1,50 @@
+"""The forms fxprop writes into ``node.meta``: FakeTensors for "val", TensorMetadata for "tensor_meta".
+
+A FakeTensor here is only a container for a meta tensor and its logical device, built the
+way FakeTensorMode builds its own, so that passes reading ``node.meta["val"]`` see what
+torch.export would have left there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.passes.shape_prop import TensorMetadata
+
+_FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+
+
+def fake_tensor(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> FakeTensor:
+    return FakeTensor(mode, meta, device, requires_grad=meta.requires_grad)
+
+
+def tensor_metadata(meta: torch.Tensor) -> TensorMetadata:
+    """What `torch.fx.passes.shape_prop.ShapeProp` records for a tensor."""
+    memory_format = None
+    for candidate in _FORMATS:
+        try:
+            if meta.is_contiguous(memory_format=candidate):
+                memory_format = candidate
+                break
+        except RuntimeError:
+            continue
+    return TensorMetadata(meta.shape, meta.dtype, meta.requires_grad, meta.stride(), memory_format, False, {})
+
+
+def map_structure(fn, value: Any) -> Any:
+    """Apply ``fn`` to every tensor in a value made of tuples, lists, dicts and named tuples."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        mapped = [map_structure(fn, item) for item in value]
+        if isinstance(value, list):
+            return mapped
+        if type(value).__module__ == "torch.return_types":
+            return type(value)(mapped)
+        if hasattr(value, "_fields"):
+            return type(value)(*mapped)
+        return tuple(mapped)
+    if isinstance(value, dict):
+        return {key: map_structure(fn, item) for key, item in value.items()}
+    return value

@@ -1,0 +1,114 @@
+"""Module state seen through meta tensors: parameters and buffers are never materialized.
+
+`StateView` turns each parameter, buffer and tensor attribute into a meta tensor once per
+`propagate` call, and builds shadow copies of modules whose state points at those meta
+tensors, so running a module (BatchNorm's running-stat updates included) leaves the user's
+module untouched.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Hashable
+
+import torch
+from torch import nn
+
+from .cache import Uncacheable, signature
+from .devices import normalize_device, tag
+from .specs import meta_like
+
+_STATE_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+class StateView:
+    def __init__(self, param_device: torch.device | str | None):
+        self.param_device = normalize_device(param_device) if param_device is not None else None
+        self._tensors: dict[int, torch.Tensor] = {}
+        self._shadows: dict[int, nn.Module] = {}
+        self._signatures: dict[int, Hashable] = {}
+        self._keepalive: list[Any] = []
+
+    def device_of_state(self, tensor: torch.Tensor) -> torch.device:
+        if tensor.device.type == "meta" and self.param_device is not None:
+            return self.param_device
+        return tensor.device
+
+    def tensor(self, real: torch.Tensor) -> torch.Tensor:
+        """The meta stand-in for one parameter, buffer or constant (the same one on every use)."""
+        found = self._tensors.get(id(real))
+        if found is None:
+            meta = meta_like(real.detach(), self.device_of_state(real))
+            if isinstance(real, nn.Parameter):
+                meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))
+            else:
+                meta.requires_grad_(real.requires_grad)
+            self._tensors[id(real)] = found = meta
+            self._keepalive.append(real)
+        return found
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, nn.Module):
+            return self.shadow(value)
+        return value
+
+    def shadow(self, module: nn.Module) -> nn.Module:
+        """A shallow copy of ``module`` whose tensors are meta stand-ins."""
+        found = self._shadows.get(id(module))
+        if found is not None:
+            return found
+        clone = module.__class__.__new__(module.__class__)
+        self._shadows[id(module)] = clone
+        self._keepalive.append(module)
+        state = dict(module.__dict__)
+        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in module._parameters.items()}
+        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in module._buffers.items()}
+        state["_modules"] = {k: None if m is None else self.shadow(m) for k, m in module._modules.items()}
+        for key, item in module.__dict__.items():
+            if key in _STATE_SLOTS:
+                continue
+            if isinstance(item, torch.Tensor):
+                state[key] = self.tensor(item)
+            elif isinstance(item, (list, tuple)) and item and all(isinstance(t, torch.Tensor) for t in item):
+                state[key] = type(item)(self.tensor(t) for t in item)
+        clone.__dict__ = state
+        return clone
+
+    def state_tensors(self, module: nn.Module) -> list[torch.Tensor]:
+        """Every parameter and buffer of a module, as meta stand-ins."""
+        return [self.tensor(t) for t in (*module.parameters(), *module.buffers())]
+
+    def signature(self, module: nn.Module) -> Hashable:
+        """Everything a standard torch.nn module's forward depends on; Uncacheable otherwise."""
+        key = id(module)
+        if key in self._signatures:
+            found = self._signatures[key]
+            if found is None:
+                raise Uncacheable
+            return found
+        try:
+            found = self._compute_signature(module)
+        except Uncacheable:
+            self._signatures[key] = None
+            raise
+        self._signatures[key] = found
+        return found
+
+    def _compute_signature(self, module: nn.Module) -> Hashable:
+        cls = type(module)
+        if not cls.__module__.startswith("torch.nn.") or "forward" in module.__dict__:
+            raise Uncacheable
+        parts: list[Hashable] = [cls, self.param_device]
+        for name, item in module.__dict__.items():
+            if "hook" in name:
+                if item:
+                    raise Uncacheable
+                continue
+            if isinstance(item, weakref.ref) or (isinstance(item, list) and item and all(isinstance(r, weakref.ref) for r in item)):
+                continue  # weak references mirror state that is already part of the signature
+            if name == "_modules":
+                parts.append(tuple((k, None if m is None else self.signature(m)) for k, m in item.items()))
+            else:
+                parts.append((name, signature(item)))
+        return tuple(parts)

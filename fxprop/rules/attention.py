@@ -1,0 +1,52 @@
+"""Scaled dot-product attention: the fused kernel the target device would pick.
+
+`scaled_dot_product_attention` picks a backend inside C++ and calls that backend's kernel,
+whose output layout differs from the math path's: the fused kernels return the output in
+the query's physical layout. On meta tensors the pick is always "math", so this rule makes
+the pick for the node's logical device and calls the chosen kernel's meta implementation.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+
+from .. import context
+from .registry import rule
+
+aten = torch.ops.aten
+_EXACT_SAMPLE_LIMIT = 1 << 24  # elements; above this the host sample keeps only dims' zero-ness
+
+
+def _host_sample(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A CPU tensor with the same metadata, for the host's backend checks (never filled)."""
+    if tensor is None:
+        return None
+    if tensor.numel() <= _EXACT_SAMPLE_LIMIT:
+        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    shape = tuple(min(size, 2) for size in tensor.shape)
+    return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+
+
+def choose_backend(device: torch.device | None, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                   enable_gqa) -> SDPBackend:
+    """The backend torch would choose on ``device`` for these inputs."""
+    if device is None or device.type == "cpu":
+        with context.on_host():
+            choice = torch._fused_sdp_choice(_host_sample(query), _host_sample(key), _host_sample(value),
+                                             _host_sample(attn_mask), dropout_p, is_causal, scale=scale,
+                                             enable_gqa=enable_gqa)
+        return SDPBackend(choice)
+    return SDPBackend.MATH
+
+
+@rule(F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    backend = choose_backend(context.node_device(), query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa)
+    if backend == SDPBackend.FLASH_ATTENTION and (context.node_device() or torch.device("cpu")).type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu.default(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -1,0 +1,132 @@
+"""`TensorSpec`: a tensor described by its metadata alone, and the conversion of user inputs.
+
+Every input becomes a fresh meta tensor tagged with its logical device. Real input data is
+never copied; the user's tensors are only read.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .devices import device_of, normalize_device, tag
+from .errors import InputError
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        found = getattr(torch, dtype.removeprefix("torch."), None)
+        if isinstance(found, torch.dtype):
+            return found
+        raise InputError(f"unknown dtype {dtype!r}: expected a torch dtype name such as 'float32' or 'int64'")
+    raise InputError(f"expected a torch.dtype or a dtype name, got {type(dtype).__name__}: {dtype!r}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor known only by its metadata.
+
+    >>> TensorSpec((8, 512), dtype=torch.int64, device="cuda:0")
+    TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False)
+    """
+    shape: Sequence[int]
+    dtype: torch.dtype | str = torch.float32
+    device: torch.device | str = "cpu"
+    stride: Sequence[int] | None = None
+    requires_grad: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shape, (int, str)) or not isinstance(self.shape, Sequence):
+            raise InputError(f"TensorSpec shape must be a sequence of dims, got {self.shape!r}")
+        shape = tuple(self.shape)
+        for dim in shape:
+            _check_dim(dim, shape)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "device", normalize_device(self.device))
+        if self.stride is not None:
+            stride = tuple(self.stride)
+            if len(stride) != len(shape) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stride):
+                raise InputError(f"TensorSpec stride {self.stride!r} must hold one non-negative int per dim of shape {shape}")
+            object.__setattr__(self, "stride", stride)
+        if not isinstance(self.requires_grad, bool):
+            raise InputError(f"TensorSpec requires_grad must be a bool, got {self.requires_grad!r}")
+        if self.requires_grad and not (self.dtype.is_floating_point or self.dtype.is_complex):
+            raise InputError(f"only floating point and complex tensors can require gradients, got {self.dtype}")
+
+    def to_meta(self) -> torch.Tensor:
+        stride = self.stride if self.stride is not None else _contiguous_strides(self.shape)
+        meta = torch.empty_strided(self.shape, stride, dtype=self.dtype, device="meta")
+        meta.requires_grad_(self.requires_grad)
+        return tag(meta, self.device)
+
+
+def _check_dim(dim: Any, shape: tuple) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise InputError(f"TensorSpec dims must be non-negative ints, got {dim!r} in shape {shape}")
+    if dim < 0:
+        raise InputError(f"TensorSpec dims must be non-negative, got {dim} in shape {shape}")
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def meta_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fresh leaf meta tensor with ``tensor``'s metadata, tagged with ``device``."""
+    offset = tensor.storage_offset()
+    if offset:
+        extent = offset + 1 + sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s)
+        meta = torch.empty(extent, dtype=tensor.dtype, device="meta").as_strided(tensor.shape, tensor.stride(), offset)
+    else:
+        meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+    if tensor.requires_grad:
+        meta.requires_grad_(True)
+    return tag(meta, device)
+
+
+_SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def to_internal(value: Any, where: str, real_values: dict[int, torch.Tensor]) -> Any:
+    """Turn one user input (possibly nested) into fxprop's internal form."""
+    if isinstance(value, TensorSpec):
+        return value.to_meta()
+    if isinstance(value, FakeTensor):
+        return meta_like(value, normalize_device(value.device))
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise InputError(f"{where}: only strided tensors are supported, got layout {value.layout}")
+        meta = meta_like(value, value.device)
+        if (value.device.type != "meta" and not (value.dtype.is_floating_point or value.dtype.is_complex)
+                and value.numel() <= 1 << 16):
+            real_values[id(meta)] = value
+        return meta
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, torch.Size):
+        return value
+    if isinstance(value, (list, tuple)):
+        converted = [to_internal(item, f"{where}[{i}]", real_values) for i, item in enumerate(value)]
+        if isinstance(value, list):
+            return converted
+        return type(value)(*converted) if hasattr(value, "_fields") else tuple(converted)
+    if isinstance(value, dict):
+        return {key: to_internal(item, f"{where}[{key!r}]", real_values) for key, item in value.items()}
+    raise InputError(
+        f"{where}: unsupported input type {type(value).__module__}.{type(value).__qualname__}; expected a "
+        "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, or a tuple/list/dict of those")
+
+
+__all__ = ["TensorSpec", "device_of", "meta_like", "parse_dtype", "to_internal"]

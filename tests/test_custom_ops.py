@@ -1,0 +1,81 @@
+"""A torch.library op with no fake kernel falls back to real tensors; a registered rule removes the fallback."""
+import torch
+
+import fxprop
+from fxprop.testing import assert_matches_real
+
+lib = torch.library.Library("fxprop_test", "DEF")
+lib.define("pairwise_gap(Tensor x, int width) -> Tensor")
+lib.define("window_sum(Tensor x, int width) -> Tensor")
+
+
+def _pairwise_gap(x, width):
+    return x[..., width:] - x[..., :-width]
+
+
+lib.impl("pairwise_gap", _pairwise_gap, "CPU")
+lib.impl("window_sum", _pairwise_gap, "CPU")
+
+
+class UsesCustomOps(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.fxprop_test.pairwise_gap(x, 2), torch.ops.fxprop_test.window_sum(x, 3)
+
+
+def node_named(gm, prefix):
+    return next(n for n in gm.graph.nodes if n.name.startswith(prefix))
+
+
+def test_custom_op_without_fake_kernel_falls_back_and_matches_real():
+    gm = torch.fx.symbolic_trace(UsesCustomOps())
+    x = torch.randn(4, 10)
+    rng = torch.get_rng_state()
+    fxprop.propagate(gm, x)
+    assert torch.equal(rng, torch.get_rng_state())
+    assert_matches_real(gm, x)
+    provenance = node_named(gm, "pairwise_gap").meta["fxprop"]
+    assert provenance.kind == "fallback" and provenance.fallback_bytes > 0
+    assert fxprop.lookup(torch.ops.fxprop_test.pairwise_gap.default).kind == "fallback"
+
+
+def test_registered_rule_replaces_the_fallback():
+    @fxprop.rule(torch.ops.fxprop_test.window_sum.default)
+    def window_sum(x, width):
+        return x.new_empty((*x.shape[:-1], x.shape[-1] - width))
+
+    try:
+        gm = torch.fx.symbolic_trace(UsesCustomOps())
+        assert_matches_real(gm, torch.randn(4, 10))
+        provenance = node_named(gm, "window_sum").meta["fxprop"]
+        assert provenance.kind == "python" and provenance.fallback_bytes == 0
+        assert fxprop.lookup(torch.ops.fxprop_test.window_sum.default).kind == "python"
+    finally:
+        fxprop.rules.unregister(torch.ops.fxprop_test.window_sum.default)
+
+
+def test_registering_twice_names_the_target():
+    @fxprop.rule(torch.ops.fxprop_test.window_sum.default)
+    def first(x, width):
+        return x
+
+    try:
+        import pytest
+        with pytest.raises(fxprop.RuleRegistrationError, match="fxprop_test.window_sum.default"):
+            fxprop.rule(torch.ops.fxprop_test.window_sum.default)(first)
+    finally:
+        fxprop.rules.unregister(torch.ops.fxprop_test.window_sum.default)
+
+
+def test_fallback_cap_is_a_clear_error():
+    gm = torch.fx.symbolic_trace(UsesCustomOps())
+    import pytest
+    with pytest.raises(fxprop.FallbackLimitError, match="fallback limit"):
+        fxprop.propagate(gm, fxprop.TensorSpec((1000, 1000)), fallback_limit_bytes=1024)
+    assert all("val" not in n.meta for n in gm.graph.nodes)
+
+
+def test_lookup_order():
+    aten = torch.ops.aten
+    assert fxprop.lookup(aten.addmm.default).kind == "meta"
+    assert fxprop.lookup(aten.convolution.default).kind == "python"
+    assert fxprop.lookup("to").kind == "device"

@@ -1,0 +1,62 @@
+"""Errors name the node, its op, its inputs and the user's source line; nothing is half-written."""
+import pytest
+import torch
+
+import fxprop
+
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y @ torch.ones(5, 2)
+
+
+def traced_with_stack_traces(model):
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = True
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(model, graph)
+
+
+def test_shape_error_names_node_inputs_and_source_line():
+    gm = traced_with_stack_traces(Broken())
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec((3, 8)))
+    error = caught.value
+    assert error.node_name == "matmul"
+    message = str(error)
+    assert "%matmul" in message and "shape=(3, 4)" in message and "shape=(5, 2)" in message
+    assert "test_errors.py" in message and "y @ torch.ones(5, 2)" in message
+    assert isinstance(error.__cause__, RuntimeError)
+
+
+def test_failed_propagate_leaves_metadata_as_it_was():
+    gm = torch.fx.symbolic_trace(Broken())
+    fxprop.propagate(gm, fxprop.TensorSpec((3, 8)), ) if False else None
+    before = {n.name: dict(n.meta) for n in gm.graph.nodes}
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(gm, fxprop.TensorSpec((3, 8)))
+    assert {n.name: dict(n.meta) for n in gm.graph.nodes} == before
+
+
+def test_wrong_calls_fail_before_any_work():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with pytest.raises(fxprop.InputError, match="GraphModule"):
+        fxprop.propagate(torch.nn.Linear(2, 2), torch.randn(2))
+    with pytest.raises(fxprop.InputError, match="bare Graph"):
+        fxprop.propagate(gm.graph, torch.randn(2))
+    with pytest.raises(fxprop.InputError, match="takes 1 inputs"):
+        fxprop.propagate(gm, torch.randn(2), torch.randn(2))
+    with pytest.raises(fxprop.InputError, match="unsupported input type"):
+        fxprop.propagate(gm, object())
+    with pytest.raises(fxprop.InputError, match="non-negative"):
+        fxprop.TensorSpec((2, -1))
+    with pytest.raises(fxprop.InputError, match="unknown dtype"):
+        fxprop.TensorSpec((2,), dtype="float33")
+    with pytest.raises(fxprop.InputError, match="unknown device"):
+        fxprop.TensorSpec((2,), device="gpu:0")
+    assert all("val" not in n.meta for n in gm.graph.nodes)
