@@ -23,21 +23,45 @@ _PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device,
           torch.layout, type(Ellipsis))
 
 
+def _tensor_signature(value: torch.Tensor) -> Hashable:
+    if value.layout is not torch.strided:
+        raise Uncacheable
+    bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
+    return (value.shape, value.stride(), value.storage_offset(), value.dtype, device_of(value),
+            value.requires_grad, bits)
+
+
+def _sequence_signature(value: tuple | list) -> Hashable:
+    return (type(value), tuple([signature(item) for item in value]))
+
+
+def _dict_signature(value: dict) -> Hashable:
+    return ("dict", tuple([(key, signature(item)) for key, item in value.items()]))
+
+
+def _set_signature(value: set | frozenset) -> Hashable:
+    return ("set", frozenset(signature(item) for item in value))
+
+
+def _slice_signature(value: slice) -> Hashable:
+    return ("slice", signature(value.start), signature(value.stop), signature(value.step))
+
+
+_BY_TYPE = {tuple: _sequence_signature, list: _sequence_signature, torch.Size: _sequence_signature,
+            dict: _dict_signature, set: _set_signature, frozenset: _set_signature, slice: _slice_signature}
+_BY_TYPE.update({plain: (lambda value: (type(value), value)) for plain in _PLAIN})
+
+
 def signature(value: Any) -> Hashable:
+    """A hashable summary of everything about ``value`` that a rule's result may depend on."""
+    by_type = _BY_TYPE.get(type(value))
+    if by_type is not None:
+        return by_type(value)
     if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided:
-            raise Uncacheable
-        bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
-        return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
-                device_of(value), value.requires_grad, bits)
-    if isinstance(value, _PLAIN):
-        return (type(value), value)
-    if isinstance(value, (tuple, list)):
-        return (type(value), tuple(signature(item) for item in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((key, signature(item)) for key, item in value.items()))
-    if isinstance(value, slice):
-        return ("slice", signature(value.start), signature(value.stop), signature(value.step))
+        return _tensor_signature(value)
+    for kind, summarize in ((tuple, _sequence_signature), (list, _sequence_signature), (dict, _dict_signature)):
+        if isinstance(value, kind):
+            return (type(value), summarize(value))
     raise Uncacheable
 
 

@@ -15,8 +15,31 @@ from torch.fx.passes.shape_prop import TensorMetadata
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
 
 
-def fake_tensor(mode: FakeTensorMode, meta: torch.Tensor, device: torch.device) -> FakeTensor:
-    return FakeTensor(mode, meta, device, requires_grad=meta.requires_grad)
+class FakeTensorFactory:
+    """Builds FakeTensors for one FakeTensorMode.
+
+    The first container is built by FakeTensor's own constructor; later ones copy the state it
+    set, which halves the cost per node and stays faithful to whatever the constructor sets.
+    """
+
+    def __init__(self, mode: FakeTensorMode):
+        self.mode = mode
+        self._state: dict | None = None
+
+    def __call__(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
+        if self._state is None:
+            fake = FakeTensor(self.mode, meta, device, requires_grad=meta.requires_grad)
+            self._state = dict(fake.__dict__)
+            return fake
+        fake = torch.Tensor._make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True,
+                                           device_for_backend_keys=device)
+        torch._C._set_throw_on_mutable_data_ptr(fake)
+        fake.__dict__.update(self._state)
+        if "_fake_device" in self._state:
+            fake.__dict__["_fake_device"] = device  # already normalized by fxprop.devices
+        else:
+            fake.fake_device = device
+        return fake
 
 
 def tensor_metadata(meta: torch.Tensor) -> TensorMetadata:

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import symbolic
 from .context import Session, swap_session
 from .devices import META
 from .rules.fallback import run_on_host
@@ -22,6 +24,7 @@ class RuleDispatch(TorchDispatchMode):
     def __init__(self, session: Session):
         super().__init__()
         self.session = session
+        self.symbols = symbolic.current()
         self._outer_sessions: list[Session | None] = []
 
     def __enter__(self):
@@ -34,7 +37,21 @@ class RuleDispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         args, kwargs = _onto_meta(args, kwargs or {})
+        if self.symbols.active:
+            return self.apply_symbolic(func, args, kwargs)
         return self.apply(func, shape_rule(func), args, kwargs)
+
+    def apply_symbolic(self, func, args: tuple, kwargs: dict) -> Any:
+        """Once sizes are symbolic: fxprop's broadcasting for pointwise ops, torch's python
+        dispatcher (it holds the symbolic meta kernels), and a clear error where a kernel cannot
+        decide a size condition."""
+        if torch.Tag.pointwise in func.tags and not func._schema.is_mutable:
+            args, kwargs = symbolic.broadcast_inputs(args, kwargs)
+        try:
+            with symbolic.python_dispatcher():
+                return self.apply(func, shape_rule(func), args, kwargs)
+        except GuardOnDataDependentSymNode as error:
+            raise symbolic.undecidable(func, args, kwargs, error) from error
 
     def apply(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         record = self.session.record
@@ -56,6 +73,8 @@ class RuleDispatch(TorchDispatchMode):
             with self:
                 result = rule.fn(*args, **kwargs)
             return result
+        if self.symbols.active:
+            symbolic.refuse_fallback(func, args, kwargs)
         result, used = run_on_host(func, args, kwargs, limit_bytes=self.session.fallback_limit_bytes,
                                    real_values=self.session.real_values)
         record.note(Kind.FALLBACK, rule.name, used)

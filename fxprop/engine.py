@@ -18,7 +18,7 @@ import contextlib
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable
 
 import torch
 import torch.fx
@@ -26,15 +26,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.graph import _PyTreeCodeGen
 
 from .cache import RuleCache, Uncacheable, rule_cache, signature
-from .containers import fake_tensor, map_structure, tensor_metadata
-from .devices import device_of, logical_default_device, merge_devices, place, tag
+from .containers import FakeTensorFactory, map_structure, tensor_metadata
+from .devices import default_device_if_set, device_of, logical_default_device, merge_devices, place, tag
 from .context import NodeRecord, Session
 from .dispatch import RuleDispatch
 from .errors import FxpropError, InputError, PropagationError
 from .modules import StateView
 from .rules.registry import Kind, python_rule, target_name
+from .rules.attention import attention_settings
 from .rules.registry import generation as registry_generation
-from .specs import to_internal
+from .specs import meta_like, to_internal
+from . import symbolic
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
 
@@ -82,8 +84,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     If any node fails, a `PropagationError` names it and no node's metadata is changed.
 
     >>> import torch, fxprop
-    >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(16, 32))
-    >>> out = fxprop.propagate(gm, fxprop.TensorSpec((8, 16), device="cuda:0"))
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(16, 32, device="meta"))
+    >>> out = fxprop.propagate(gm, fxprop.TensorSpec((8, 16), device="cuda:0"), param_device="cuda:0")
     >>> tuple(out.shape), out.device
     ((8, 32), device(type='cuda', index=0))
     """
@@ -95,22 +97,80 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         raise InputError(f"propagate expects a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
     if not isinstance(fallback_limit_bytes, int) or fallback_limit_bytes < 0:
         raise InputError(f"fallback_limit_bytes must be a non-negative int, got {fallback_limit_bytes!r}")
-    memo = rule_cache if cache is True else (cache or None)
+    if not isinstance(cache, (bool, RuleCache)):
+        raise InputError(f"cache must be True, False or a fxprop.RuleCache, got {type(cache).__name__}: {cache!r}")
+    memo = rule_cache if cache is True else (cache if isinstance(cache, RuleCache) else None)  # an empty cache is falsy
     session = Session(fallback_limit_bytes)
     state = StateView(param_device)
     flat_inputs = _flatten_inputs(gm, inputs)
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     _check_arity(placeholders, flat_inputs)
-    internal = [to_internal(value, f"input {i} (placeholder %{node.name})", session.real_values)
-                for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
-
-    run = _Run(gm, session, state, memo)
-    with _restored_global_state(), logical_default_device():
-        output = run.walk(internal)
+    symbols = symbolic.SymbolicSession()
+    with symbolic.scope(symbols):
+        internal = [to_internal(value, f"input {i} (placeholder %{node.name})", session.real_values)
+                    for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
+        run = _Run(gm, session, state, memo)
+        with _restored_global_state(), logical_default_device():
+            output = run.walk(internal)
+        if symbols.active:
+            symbols.adopt(run.staged)
     run.commit()
+    gm.meta["fxprop"].update(symbols.summary())
     if isinstance(gm.graph._codegen, _PyTreeCodeGen) and gm.graph._codegen.pytree_info.out_spec is not None:
         return gm.graph._codegen.process_outputs(output)
     return output
+
+
+def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), *,
+                param_device: torch.device | str | None = None,
+                fallback_limit_bytes: int = DEFAULT_FALLBACK_LIMIT_BYTES, cache: bool | RuleCache = True) -> set:
+    """Re-annotate, after a pass edited ``gm``, only the edited nodes and everything downstream.
+
+    ``edited`` names the nodes whose target or arguments changed; nodes that carry no fxprop
+    annotation yet (new ones) are included automatically. Every other node keeps its
+    annotation and serves as input. `gm` must have been propagated before. Returns the set of
+    nodes that were re-annotated. As with `propagate`, a failure changes nothing.
+
+    >>> import torch, fxprop
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()))
+    >>> _ = fxprop.propagate(gm, fxprop.TensorSpec((2, 4)))
+    >>> relu = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == "1")
+    >>> with gm.graph.inserting_after(relu):
+    ...     doubled = gm.graph.call_function(torch.cat, ([relu, relu],))
+    >>> relu.replace_all_uses_with(doubled, delete_user_cb=lambda user: user is not doubled)
+    [output]
+    >>> sorted(n.name for n in fxprop.repropagate(gm))
+    ['cat', 'output']
+    """
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise InputError(f"repropagate expects a torch.fx.GraphModule, got {type(gm).__name__}")
+    graph_nodes = set(gm.graph.nodes)
+    seeds = [node for node in edited]
+    for node in seeds:
+        if node not in graph_nodes:
+            raise InputError(f"node %{node.name} is not in this graph")
+    seeds += [node for node in gm.graph.nodes if not isinstance(node.meta.get("fxprop"), Provenance)]
+    dirty: set[torch.fx.Node] = set()
+    while seeds:
+        node = seeds.pop()
+        if node not in dirty:
+            dirty.add(node)
+            seeds.extend(node.users)
+    placeholders = [node.name for node in dirty if node.op == "placeholder"]
+    if placeholders:
+        raise InputError(f"placeholders {placeholders} have no annotation to reuse; call propagate with inputs")
+    session = Session(fallback_limit_bytes)
+    symbols = symbolic.session_of(gm)
+    with symbolic.scope(symbols):
+        memo = rule_cache if cache is True else (cache if isinstance(cache, RuleCache) else None)  # an empty cache is falsy
+        run = _Run(gm, session, StateView(param_device), memo)
+        with _restored_global_state(), logical_default_device():
+            run.walk([], dirty=dirty)
+        if symbols.active:
+            symbols.adopt(run.staged)
+    run.commit()
+    gm.meta["fxprop"].update(symbols.summary())
+    return dirty
 
 
 def _flatten_inputs(gm: torch.fx.GraphModule, inputs: tuple) -> list:
@@ -147,6 +207,8 @@ def _restored_global_state():
             torch.set_grad_enabled(grad_enabled)
 
 
+_IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
+                                  "ipow", "irshift", "isub", "itruediv", "ixor"})
 _PURE_MODULES = ("torch", "_operator", "operator", "math", "builtins")
 _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, torch._C._set_grad_enabled, print,
                            getattr(torch, "_assert_async", print)})
@@ -158,17 +220,28 @@ class _Run:
         self.session = session
         self.state = state
         self.memo = memo
+        self.symbols = symbolic.current()
         self.mode = RuleDispatch(session)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.make_fake = FakeTensorFactory(self.fake_mode)
+        self.default_device: torch.device | None = None
+        self.attention_settings: tuple = ()
         self.env: dict[torch.fx.Node, Any] = {}
         self.staged: dict[torch.fx.Node, tuple] = {}
+        self.reuse_annotations = False
 
     # --- walking ---------------------------------------------------------------------
 
-    def walk(self, inputs: list) -> Any:
+    def walk(self, inputs: list, dirty: set[torch.fx.Node] | None = None) -> Any:
+        """Propagate every node, or with ``dirty`` only those, reusing the others' annotations."""
+        self.default_device = default_device_if_set()  # None (unset) and a set "cpu" differ for torch.tensor
+        self.attention_settings = attention_settings()  # sdpa's backend choice reads them
+        self.reuse_annotations = dirty is not None
         remaining = iter(inputs)
         output = None
         for node in self.gm.graph.nodes:
+            if dirty is not None and node not in dirty:
+                continue
             try:
                 if node.op == "placeholder":
                     value, provenance = self.placeholder(node, remaining), Provenance("python", "input")
@@ -215,7 +288,9 @@ class _Run:
     def load(self, argument: Any) -> Any:
         def value_of(node: torch.fx.Node) -> Any:
             if node not in self.env:
-                raise PropagationError(f"node %{node.name} is used before it is defined")
+                if not (self.reuse_annotations and "val" in node.meta):
+                    raise PropagationError(f"node %{node.name} is used before it is defined")
+                self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
             return self.env[node]
         return torch.fx.node.map_arg(argument, value_of)
 
@@ -240,8 +315,12 @@ class _Run:
                 recipe, provenance = entry
                 return _rebuild(recipe), provenance
         value, provenance = self.compute(node, target, args, kwargs)
+        if self.symbols.active:  # symbolic values are never shared across calls
+            self.symbols.claim(node.name)
+            self.symbols.check_size(value)
+            key = None
         if key is not None:
-            recipe = _recipe(value)
+            recipe = _recipe(value) if not _aliases_an_input(value, args, kwargs) else None
             if recipe is not None:
                 self.memo.put(key, (recipe, provenance))
         return value, provenance
@@ -253,12 +332,12 @@ class _Run:
             raise PropagationError(f"call_module: the module has no submodule {node.target!r} ({error})") from None
 
     def cache_key(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> Hashable | None:
-        if self.memo is None or not _is_pure(node, target):
+        if self.memo is None or self.symbols.active or not _is_pure(node, target):
             return None
         try:
             target_key = self.state.signature(target) if node.op == "call_module" else target
             return (node.op, target_key, signature(args), signature(kwargs), torch.is_grad_enabled(),
-                    torch.get_default_dtype(), logical_default(), registry_generation())
+                    torch.get_default_dtype(), self.default_device, self.attention_settings, registry_generation())
         except (Uncacheable, TypeError):
             return None
 
@@ -277,7 +356,7 @@ class _Run:
         own_rule = python_rule(call_target) if node.op != "call_module" else None
         record = NodeRecord(device=device)
         self.session.record = record
-        with torch.device("meta"), self.mode:
+        with torch.device("meta"), self.mode, symbolic.dispatcher(self.symbols):
             if own_rule is not None:
                 record.note(Kind.PYTHON, own_rule.name)
                 value = own_rule.fn(*call_args, **call_kwargs)
@@ -299,7 +378,7 @@ class _Run:
         def to_fake(tensor: torch.Tensor):
             nonlocal found_tensor
             found_tensor = True
-            return fake_tensor(self.fake_mode, tensor, device_of(tensor))
+            return self.make_fake(tensor, device_of(tensor))
 
         fake = map_structure(to_fake, value)
         tensor_meta = map_structure(tensor_metadata, value) if found_tensor else None
@@ -307,11 +386,12 @@ class _Run:
 
     def staged_output(self, output: Any) -> Any:
         outputs = [node for node in self.gm.graph.nodes if node.op == "output"]
-        return self.staged[outputs[-1]][0] if outputs else None
+        if not outputs:
+            return None
+        staged = self.staged.get(outputs[-1])
+        return staged[0] if staged is not None else outputs[-1].meta.get("val")
 
     def commit(self) -> None:
-        kinds: dict[str, int] = {}
-        fallback_bytes = 0
         for node, (fake, tensor_meta, provenance) in self.staged.items():
             node.meta["val"] = fake
             if tensor_meta is not None:
@@ -319,8 +399,13 @@ class _Run:
             else:
                 node.meta.pop("tensor_meta", None)
             node.meta["fxprop"] = provenance
-            kinds[provenance.kind] = kinds.get(provenance.kind, 0) + 1
-            fallback_bytes += provenance.fallback_bytes
+        kinds: dict[str, int] = {}
+        fallback_bytes = 0
+        for node in self.gm.graph.nodes:
+            provenance = node.meta.get("fxprop")
+            if isinstance(provenance, Provenance):
+                kinds[provenance.kind] = kinds.get(provenance.kind, 0) + 1
+                fallback_bytes += provenance.fallback_bytes
         summary = self.gm.meta.setdefault("fxprop", {})
         summary.update({"kinds": kinds, "fallback_bytes": fallback_bytes,
                         "cache": self.memo.stats() if self.memo is not None else None})
@@ -328,6 +413,8 @@ class _Run:
     def node_error(self, node: torch.fx.Node, error: BaseException) -> PropagationError:
         reason = error.reason if isinstance(error, PropagationError) else f"{type(error).__name__}: {error}"
         inputs = tuple(_describe_inputs(self.load_for_error(node.args), self.load_for_error(node.kwargs)))
+        if self.symbols.active:
+            reason, inputs = self.symbols.readable(reason), tuple(map(self.symbols.readable, inputs))
         error_type = type(error) if isinstance(error, PropagationError) else PropagationError
         return error_type(f"fxprop: {_op_name(node)} failed: {reason}", node_name=node.name, op=_op_name(node),
                           inputs=inputs, source=_source_line(node))
@@ -336,16 +423,25 @@ class _Run:
         return torch.fx.node.map_arg(argument, lambda n: self.env.get(n, f"%{n.name} (not computed)"))
 
 
-def logical_default():
-    from .devices import default_device
-    return default_device()
+_purity: dict[tuple[str, Any], bool] = {}
 
 
 def _is_pure(node: torch.fx.Node, target: Any) -> bool:
     """Whether the result depends only on the arguments (no mutation, no side effects)."""
     if node.op == "call_module":
         return True
-    if node.op == "call_method":
+    key = (node.op, target)
+    try:
+        return _purity[key]
+    except KeyError:
+        pure = _purity[key] = _judge_purity(node.op, target)
+        return pure
+    except TypeError:
+        return _judge_purity(node.op, target)
+
+
+def _judge_purity(op: str, target: Any) -> bool:
+    if op == "call_method":
         return not target.endswith("_") and target not in ("item", "tolist", "numpy", "backward", "register_hook")
     if isinstance(target, torch._ops.OpOverload):
         return not target._schema.is_mutable
@@ -355,7 +451,7 @@ def _is_pure(node: torch.fx.Node, target: Any) -> bool:
         return False
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__name__", "") or ""
-    if module in ("_operator", "operator") and name.startswith("i"):
+    if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
         return False
     return module.split(".")[0] in _PURE_MODULES and not name.endswith("_") and "autocast" not in module
 
@@ -376,6 +472,22 @@ def _provenance(record: NodeRecord, placement, call_target: Any, own_rule) -> Pr
         return Provenance("python", target_name(call_target) if not isinstance(call_target, torch.nn.Module)
                           else type(call_target).__name__)
     return Provenance(record.kind.value, record.rule)
+
+
+def _aliases_an_input(value: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a result is a view of, or the very tensor of, an input. Autograd and in-place ops see
+    through such an alias (a view of a leaf, an in-place op making the base require grad), which a
+    rebuilt copy would not, so these results are not memoized."""
+    inputs = {id(tensor) for tensor in _tensors(args, kwargs)}
+    found = False
+
+    def visit(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal found
+        found = found or tensor._is_view() or id(tensor) in inputs
+        return tensor
+
+    map_structure(visit, value)
+    return found
 
 
 def _recipe(value: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from . import symbolic
 from .devices import device_of, normalize_device, tag
 from .errors import InputError
 
@@ -33,8 +34,12 @@ class TensorSpec:
 
     >>> TensorSpec((8, 512), dtype=torch.int64, device="cuda:0")
     TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False)
+
+    Dims may be symbolic: a string ("B", "2*T") or a sympy symbol or expression. The same
+    name is the same size everywhere, and sizes are positive integers unless the sympy symbol
+    is declared ``nonnegative=True`` (see "Symbolic shapes" in the README).
     """
-    shape: Sequence[int]
+    shape: Sequence[int | str | Any]
     dtype: torch.dtype | str = torch.float32
     device: torch.device | str = "cpu"
     stride: Sequence[int] | None = None
@@ -60,6 +65,10 @@ class TensorSpec:
             raise InputError(f"only floating point and complex tensors can require gradients, got {self.dtype}")
 
     def to_meta(self) -> torch.Tensor:
+        if not all(type(dim) is int for dim in self.shape):
+            meta = symbolic.spec_to_meta(self.shape, self.stride, self.dtype)
+            meta.requires_grad_(self.requires_grad)
+            return tag(meta, self.device)
         stride = self.stride if self.stride is not None else _contiguous_strides(self.shape)
         meta = torch.empty_strided(self.shape, stride, dtype=self.dtype, device="meta")
         meta.requires_grad_(self.requires_grad)
@@ -67,6 +76,8 @@ class TensorSpec:
 
 
 def _check_dim(dim: Any, shape: tuple) -> None:
+    if symbolic.is_symbolic_dim(dim):
+        return symbolic.check_dim(dim, shape)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise InputError(f"TensorSpec dims must be non-negative ints, got {dim!r} in shape {shape}")
     if dim < 0:
@@ -126,7 +137,8 @@ def to_internal(value: Any, where: str, real_values: dict[int, torch.Tensor]) ->
         return {key: to_internal(item, f"{where}[{key!r}]", real_values) for key, item in value.items()}
     raise InputError(
         f"{where}: unsupported input type {type(value).__module__}.{type(value).__qualname__}; expected a "
-        "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, or a tuple/list/dict of those")
+        "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, or a tuple/list/dict of those"
+        + (" (convert an array with torch.from_numpy)" if type(value).__module__ == "numpy" else ""))
 
 
 __all__ = ["TensorSpec", "device_of", "meta_like", "parse_dtype", "to_internal"]

@@ -1,10 +1,22 @@
 """Prove that fxprop's annotations match real execution.
 
-`assert_matches_real` propagates a graph, runs a copy of it for real, and compares every
-node; `check_rule` does the same for one op. Both raise `AssertionError` with a per-node diff.
+Three tools, all raising `AssertionError` with one line per disagreement (node, op, field,
+expected vs got):
+
+- `assert_matches_real(gm, *inputs)` propagates a graph, runs a copy of it for real, and
+  compares every node.
+- `check_rule(target, *args, **kwargs)` does the same for one op: it builds a one-node graph
+  calling ``target`` and checks it.
+- the ``fxprop_check`` pytest fixture (`fxprop.pytest_plugin`, enabled automatically once
+  fxprop is installed) hands both to a backend's own test suite.
+
+Strides are compared where they address memory: a dimension of size 1 may carry any stride
+(torch's meta kernels and real kernels differ there freely), and a tensor with no elements
+has no layout to compare; this is `torch._prims_common.check_significant_strides`'s rule.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +27,14 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .containers import map_structure
 from .engine import propagate
+from .errors import PropagationError
+from .rules.registry import target_name
 from .specs import TensorSpec
 
 
 @dataclass(frozen=True)
 class Mismatch:
+    """One field of one node where fxprop and real execution disagree."""
     node: str
     op: str
     field: str
@@ -54,7 +69,7 @@ def real_value(value: Any, *, generator: torch.Generator | None = None) -> Any:
         return make(value.shape, value.stride(), value.dtype, value.device, value.requires_grad)
     if isinstance(value, torch.Tensor):
         return value.detach().clone(memory_format=torch.preserve_format).requires_grad_(value.requires_grad)
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return type(value)(real_value(v, generator=generator) for v in value)
     if isinstance(value, dict):
         return {k: real_value(v, generator=generator) for k, v in value.items()}
@@ -73,65 +88,119 @@ class _Recorder(torch.fx.Interpreter):
 
     def run_node(self, node):
         result = super().run_node(node)
-        self.values[node.name] = map_structure(lambda t: _Observed.of(t), result)
+        self.values[node.name] = observe(result)
         return result
 
 
 @dataclass(frozen=True)
-class _Observed:
+class Observed:
+    """The metadata of one real tensor, kept after the tensor itself is freed."""
     shape: tuple
     dtype: torch.dtype
-    stride: tuple
+    stride: tuple | None
     device: torch.device
     requires_grad: bool
 
     @staticmethod
-    def of(tensor: torch.Tensor) -> "_Observed":
-        return _Observed(tuple(tensor.shape), tensor.dtype, tensor.stride(), tensor.device, tensor.requires_grad)
+    def of(tensor: torch.Tensor) -> "Observed":
+        stride = tensor.stride() if tensor.layout is torch.strided else None
+        return Observed(tuple(tensor.shape), tensor.dtype, stride, tensor.device, tensor.requires_grad)
+
+
+def observe(value: Any) -> Any:
+    """``value`` with every tensor replaced by its `Observed` metadata."""
+    return map_structure(Observed.of, value)
+
+
+def compare_values(got: Any, expected: Any, *, node: str, op: str, check_strides: bool = True,
+                   check_device: bool = True) -> list[Mismatch]:
+    """Every field where ``got`` (fxprop's value) differs from ``expected`` (`observe` of a real value)."""
+    out: list[Mismatch] = []
+    _compare(got, expected, out, node, op, check_strides, check_device, "")
+    return out
 
 
 def compare_nodes(gm: torch.fx.GraphModule, observed: dict[str, Any], *, check_strides: bool = True,
                   check_device: bool = True) -> list[Mismatch]:
+    """Compare each node's ``meta["val"]`` with what `run_real` observed for it."""
     mismatches: list[Mismatch] = []
     for node in gm.graph.nodes:
         if node.op == "output" or node.name not in observed:
             continue
-        _compare(node, node.meta.get("val"), observed[node.name], mismatches, check_strides, check_device, "")
+        mismatches += compare_values(node.meta.get("val"), observed[node.name], node=node.name, op=_op_label(node),
+                                     check_strides=check_strides, check_device=check_device)
     return mismatches
 
 
-def _compare(node, got, expected, out: list, check_strides: bool, check_device: bool, path: str) -> None:
-    op = f"{node.op} {node.target}" if node.op != "call_function" else f"{getattr(node.target, '__name__', node.target)}"
-    if isinstance(expected, _Observed):
+def _op_label(node: torch.fx.Node) -> str:
+    if node.op in ("call_function", "call_method"):
+        return target_name(node.target)
+    return f"{node.op} {node.target}"
+
+
+def _compare(got, expected, out: list, node: str, op: str, check_strides: bool, check_device: bool,
+             path: str) -> None:
+    if isinstance(expected, Observed):
         if not isinstance(got, torch.Tensor):
-            out.append(Mismatch(node.name, op, f"value{path}", "a tensor", type(got).__name__))
+            out.append(Mismatch(node, op, f"value{path}", "a tensor", type(got).__name__))
             return
-        checks = [("shape", expected.shape, tuple(got.shape)), ("dtype", expected.dtype, got.dtype),
-                  ("requires_grad", expected.requires_grad, got.requires_grad)]
-        if check_strides and _strides_matter(expected):
-            checks.append(("stride", expected.stride, got.stride()))
+        shape_differs = _sizes_differ(expected.shape, tuple(got.shape))
+        checks = [("shape", shape_differs), ("dtype", expected.dtype != got.dtype),
+                  ("requires_grad", expected.requires_grad != got.requires_grad)]
+        if check_strides and expected.stride is not None and got.layout is torch.strided and not shape_differs:
+            checks.append(("stride", _sizes_differ(significant_strides(expected.shape, expected.stride),
+                                                   significant_strides(tuple(got.shape), got.stride()))))
         if check_device:
-            checks.append(("device", expected.device, got.device))
-        for field, want, have in checks:
-            if want != have:
-                out.append(Mismatch(node.name, op, f"{field}{path}", want, have))
+            checks.append(("device", expected.device != got.device))
+        values = {"shape": (expected.shape, tuple(got.shape)), "dtype": (expected.dtype, got.dtype),
+                  "requires_grad": (expected.requires_grad, got.requires_grad),
+                  "stride": (expected.stride, got.stride() if got.layout is torch.strided else None),
+                  "device": (expected.device, got.device)}
+        for name, differs in checks:
+            if differs:
+                out.append(Mismatch(node, op, f"{name}{path}", *values[name]))
         return
     if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            out.append(Mismatch(node.name, op, f"structure{path}", _shape_of(expected), _shape_of(got)))
+            out.append(Mismatch(node, op, f"structure{path}", _shape_of(expected), _shape_of(got)))
             return
         for i, (e, g) in enumerate(zip(expected, got)):
-            _compare(node, g, e, out, check_strides, check_device, f"{path}[{i}]")
+            _compare(g, e, out, node, op, check_strides, check_device, f"{path}[{i}]")
+        return
+    if isinstance(got, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not is_concrete(got):
+        if not isinstance(expected, {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(got)]):
+            out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
         return
     if isinstance(expected, (int, float, bool, torch.Size, torch.dtype, torch.device, str, type(None))):
-        if type(expected) is not type(got) and not (isinstance(expected, torch.Size) and isinstance(got, tuple)):
-            out.append(Mismatch(node.name, op, f"value{path}", repr(expected), repr(got)))
+        if isinstance(expected, torch.Size) and isinstance(got, tuple):
+            if _sizes_differ(tuple(expected), tuple(got)):
+                out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
+        elif type(expected) is not type(got):
+            out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
         elif expected != got and not (isinstance(expected, float) and expected != expected):
-            out.append(Mismatch(node.name, op, f"value{path}", repr(expected), repr(got)))
+            out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
 
 
-def _strides_matter(observed: _Observed) -> bool:
-    return all(size > 0 for size in observed.shape)
+def is_concrete(value: Any) -> bool:
+    """False for a symbolic size (e.g. the unbacked count of a data-dependent op)."""
+    return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) or value.node.is_constant()
+
+
+def _sizes_differ(expected: tuple | None, got: tuple | None) -> bool:
+    """Whether two shapes (or stride tuples) differ; a symbolic or masked (None) entry matches anything."""
+    if expected is None or got is None:  # an empty tensor has no layout to compare
+        return False
+    if len(expected) != len(got):
+        return True
+    return any(e is not None and g is not None and is_concrete(g) and int(g) != e for e, g in zip(expected, got))
+
+
+def significant_strides(shape: tuple, stride: tuple) -> tuple | None:
+    """The strides that address memory: None for an empty tensor, size-1 (and symbolic) entries masked out."""
+    if any(is_concrete(size) and size == 0 for size in shape):
+        return None
+    return tuple(int(st) if is_concrete(size) and size != 1 and is_concrete(st) else None
+                 for size, st in zip(shape, stride))
 
 
 def _shape_of(value: Any) -> str:
@@ -153,21 +222,257 @@ def assert_matches_real(gm: torch.fx.GraphModule, *inputs: Any, check_strides: b
 
     Specs, meta and fake inputs are materialized with random data on their device (the CPU
     when that device is absent; devices are then not compared). Real inputs are cloned.
+    ``options`` go to `fxprop.propagate` (e.g. ``param_device``). Propagation must leave the
+    module, the inputs and the RNG untouched (`assert_no_side_effects`).
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 2))
+    >>> assert_matches_real(gm, TensorSpec((3, 4)))
     """
     generator = torch.Generator().manual_seed(0)
     real_inputs = real_value(inputs, generator=generator)
-    propagate(gm, *inputs, **options)
+    with assert_no_side_effects(gm, *inputs):
+        propagate(gm, *inputs, **options)
     observed = run_real(gm, *real_inputs)
     if check_device is None:
         check_device = _all_devices_real(inputs)
     mismatches = compare_nodes(gm, observed, check_strides=check_strides, check_device=check_device)
     if mismatches:
-        raise AssertionError("fxprop disagrees with real execution on "
-                             f"{len(mismatches)} value(s):\n" + "\n".join(f"  {m}" for m in mismatches))
+        raise AssertionError(render_mismatches(mismatches))
+
+
+def render_mismatches(mismatches: list[Mismatch]) -> str:
+    return ("fxprop disagrees with real execution on "
+            f"{len(mismatches)} value(s):\n" + "\n".join(f"  {m}" for m in mismatches))
+
+
+def call_graph(target: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """A graph whose one node calls ``target`` with a placeholder for every tensor in the arguments.
+
+    ``target`` is an op overload, a callable or a Tensor method name (called on ``args[0]``).
+    Tensors nested in lists, tuples and dicts get placeholders too. Returns the graph module
+    and the tensors, in placeholder order.
+    """
+    graph = torch.fx.Graph()
+    tensors: list[Any] = []
+
+    def lift(value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, TensorSpec)):
+            tensors.append(value)
+            return graph.placeholder(f"t{len(tensors) - 1}")
+        if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+            return type(value)(lift(v) for v in value) if not hasattr(value, "_fields") else tuple(lift(v) for v in value)
+        if isinstance(value, dict):
+            return {k: lift(v) for k, v in value.items()}
+        return value
+
+    lifted_args, lifted_kwargs = lift(tuple(args)), lift(dict(kwargs))
+    kind = "call_method" if isinstance(target, str) else "call_function"
+    if kind == "call_function" and not isinstance(getattr(target, "__name__", None), str):
+        target = _named(target)  # FX's code generation names every callable it calls
+    result = graph.create_node(kind, target, lifted_args, lifted_kwargs, name="op")
+    graph.output(result)
+    try:
+        return torch.fx.GraphModule(torch.nn.Module(), graph), tensors
+    except SyntaxError:
+        # An argument FX cannot write as python source (an enum, an object): call a closure
+        # over the non-tensor arguments instead.
+        if kind == "call_method":
+            raise
+        return _closure_graph(target, args, kwargs, len(tensors)), tensors
+
+
+def _closure_graph(target: Any, args: tuple, kwargs: dict, count: int) -> torch.fx.GraphModule:
+    flat, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+    slots = [i for i, value in enumerate(flat) if isinstance(value, (torch.Tensor, TensorSpec))]
+
+    def call(*tensors: Any) -> Any:
+        filled = list(flat)
+        for slot, tensor in zip(slots, tensors):
+            filled[slot] = tensor
+        call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
+        return target(*call_args, **call_kwargs)
+
+    call.__name__ = call.__qualname__ = getattr(target, "__name__", type(target).__name__)
+    graph = torch.fx.Graph()
+    placeholders = [graph.placeholder(f"t{i}") for i in range(count)]
+    graph.output(graph.call_function(call, tuple(placeholders)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _named(target: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+    call.__name__ = call.__qualname__ = type(target).__name__
+    return call
+
+
+def check_rule(target: Any, *sample_args: Any, check_strides: bool = True, **kwargs: Any) -> Any:
+    """Assert that fxprop's rule for ``target`` matches real execution on these arguments.
+
+    ``sample_args``/``kwargs`` are what the op is called with: real tensors (propagated as
+    given, run on clones), `TensorSpec`, fake or meta tensors (run on random data), and any
+    other values. Returns fxprop's result (FakeTensors).
+
+    When real execution raises, fxprop must raise a `PropagationError` too, and that error
+    is re-raised for the caller to check (``pytest.raises(fxprop.PropagationError)``); when
+    only one of the two raises, the assertion fails.
+
+    >>> import torch
+    >>> out = check_rule(torch.ops.aten.cat.default, [TensorSpec((2, 3)), TensorSpec((4, 3))], 0)
+    >>> tuple(out.shape)
+    (6, 3)
+    """
+    gm, tensors = call_graph(target, sample_args, kwargs)
+    real_inputs = real_value(tensors, generator=torch.Generator().manual_seed(0))
+    label = target_name(target)
+    try:
+        observed = run_real(gm, *real_inputs)
+    except Exception as real_error:
+        try:
+            propagate(gm, *tensors)
+        except PropagationError:
+            raise
+        raise AssertionError(f"{label}: real execution raised {type(real_error).__name__}: "
+                             f"{_first_line(real_error)}, but fxprop propagated a result") from real_error
+    try:
+        result = propagate(gm, *tensors)
+    except PropagationError as error:
+        raise AssertionError(f"{label}: real execution succeeded, but fxprop raised: {error}") from error
+    mismatches = compare_nodes(gm, observed, check_strides=check_strides, check_device=_all_devices_real(tensors))
+    if mismatches:
+        raise AssertionError(render_mismatches(mismatches))
+    return result
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _all_devices_real(inputs: Any) -> bool:
-    devices = []
-    map_structure(lambda t: devices.append(t.device), [i for i in inputs if isinstance(i, torch.Tensor)])
+    devices: list[torch.device] = []
+    map_structure(lambda t: devices.append(t.device), list(inputs))
     devices += [i.device for i in inputs if isinstance(i, TensorSpec)]
     return all(d.type == "cpu" or _device_available(d) for d in devices)
+
+
+@dataclass
+class RealRun:
+    """What `run_real_until_error` saw: every node's metadata up to the node that raised, if any."""
+    values: dict[str, Any]
+    failed_node: str | None = None
+    error: BaseException | None = None
+
+
+def run_real_until_error(gm: torch.fx.GraphModule, *real_inputs: Any) -> RealRun:
+    """Like `run_real`, but a node that raises ends the run instead of the test: the run names it."""
+    recorder = _Recorder(copy.deepcopy(gm))
+    try:
+        recorder.run(*real_inputs)
+    except Exception as error:
+        failed = next((n.name for n in recorder.graph.nodes if n.name not in recorder.values), None)
+        return RealRun(recorder.values, failed, error)
+    return RealRun(recorder.values)
+
+
+@contextlib.contextmanager
+def assert_no_side_effects(gm: torch.nn.Module, *inputs: Any):
+    """Assert that the block leaves ``gm`` and ``inputs`` exactly as they were.
+
+    Checked on exit: parameters, buffers and tensor constants bit for bit (and their version
+    counters, strides, ``requires_grad``, ``.grad``); every input tensor the same way, with no
+    autograd history attached; torch's global RNG state (CPU, and CUDA when initialized);
+    grad mode; the graph's code.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 2))
+    >>> with assert_no_side_effects(gm, TensorSpec((3, 4))):
+    ...     _ = propagate(gm, TensorSpec((3, 4)))
+    """
+    before = _SideEffectSnapshot.take(gm, inputs)
+    yield
+    problems = before.differences(_SideEffectSnapshot.take(gm, inputs))
+    if problems:
+        raise AssertionError("side effects on the caller's state:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+@dataclass
+class _TensorState:
+    tensor: torch.Tensor
+    bits: bytes | None
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    requires_grad: bool
+    version: int
+    grad_fn: Any
+    grad: Any
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> "_TensorState":
+        bits = None
+        if tensor.device.type != "meta" and not isinstance(tensor, FakeTensor) and tensor.layout is torch.strided:
+            with torch.no_grad():
+                bits = tensor.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
+        return _TensorState(tensor, bits, tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad,
+                            tensor._version, tensor.grad_fn, tensor.grad if tensor.is_leaf else None)
+
+    def differences(self, after: "_TensorState", where: str) -> list[str]:
+        fields = ("bits", "shape", "stride", "dtype", "requires_grad", "version", "grad_fn", "grad")
+        return [f"{where}: {name} changed" + ("" if name == "bits" else f" ({getattr(self, name)!r} -> {getattr(after, name)!r})")
+                for name in fields if not _same(getattr(self, name), getattr(after, name))]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or callable(a) or callable(b):
+        return a is b
+    return a == b
+
+
+@dataclass
+class _SideEffectSnapshot:
+    tensors: dict[str, _TensorState]
+    rng: torch.Tensor
+    cuda_rng: list | None
+    code: str | None
+    grad_enabled: bool
+
+    @staticmethod
+    def take(gm: torch.nn.Module, inputs: tuple) -> "_SideEffectSnapshot":
+        tensors: dict[str, _TensorState] = {}
+        for name, tensor in gm.named_parameters(remove_duplicate=False):
+            tensors[f"parameter {name}"] = _TensorState.of(tensor)
+        for name, tensor in gm.named_buffers(remove_duplicate=False):
+            tensors[f"buffer {name}"] = _TensorState.of(tensor)
+        for prefix, module in gm.named_modules():
+            for key, item in vars(module).items():
+                if isinstance(item, torch.Tensor):
+                    tensors[f"constant {prefix + '.' if prefix else ''}{key}"] = _TensorState.of(item)
+        leaves = []
+        map_structure(leaves.append, list(inputs))
+        for i, tensor in enumerate(leaves):
+            tensors[f"input tensor {i}"] = _TensorState.of(tensor)
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        code = gm.code if isinstance(gm, torch.fx.GraphModule) else None
+        return _SideEffectSnapshot(tensors, torch.get_rng_state(), cuda_rng, code, torch.is_grad_enabled())
+
+    def differences(self, after: "_SideEffectSnapshot") -> list[str]:
+        problems = []
+        for where, state in self.tensors.items():
+            now = after.tensors.get(where)
+            if now is None or now.tensor is not state.tensor:
+                problems.append(f"{where}: replaced or removed")
+            else:
+                problems += state.differences(now, where)
+        problems += [f"{where}: added" for where in after.tensors if where not in self.tensors]
+        if not torch.equal(self.rng, after.rng):
+            problems.append("torch's CPU RNG state changed")
+        if self.cuda_rng is not None and (after.cuda_rng is None or any(
+                not torch.equal(a, b) for a, b in zip(self.cuda_rng, after.cuda_rng))):
+            problems.append("torch's CUDA RNG state changed")
+        if self.code != after.code:
+            problems.append("the graph's code changed")
+        if self.grad_enabled != after.grad_enabled:
+            problems.append(f"grad mode changed ({self.grad_enabled} -> {after.grad_enabled})")
+        return problems

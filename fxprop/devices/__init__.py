@@ -1,11 +1,14 @@
 """Device tracking: every value's device is decided by rules, never by running on the device.
 
 `placement` holds the default rule (the common device of the inputs); `transfers` holds the
-table of ops that choose or change the device themselves.
+table of ops that choose or change the device themselves, filled by family: moves
+(`transfers`), factories (`factories`), host values (`host_values`) and indexing (`indexing`).
 """
-from .placement import (META, default_device, device_of, logical_default_device, merge_devices,
-                        normalize_device, tag)
+from .placement import (CPU, META, configured_default_device, default_device, default_device_if_set, device_of,
+                        logical_default_device, merge_devices, normalize_device, tag)
 from .transfers import TRANSFERS, Placement, place
+from . import factories, host_values, indexing  # noqa: F401  (fill the table)
 
-__all__ = ["META", "Placement", "TRANSFERS", "default_device", "device_of", "logical_default_device", "merge_devices",
-           "normalize_device", "place", "tag"]
+__all__ = ["CPU", "META", "Placement", "TRANSFERS", "configured_default_device", "default_device",
+           "default_device_if_set", "device_of", "logical_default_device", "merge_devices", "normalize_device",
+           "place", "tag"]

@@ -1,21 +1,25 @@
-"""The table of ops that choose or change where their result lives.
+"""The table of ops that choose or change where their result lives, and how it is consulted.
 
-Each entry maps a target (a Tensor method name, a torch callable or an aten overload) to a
-rule. A rule reads the call and returns a `Placement`: the device of the result, and the
+Each entry maps a target (a Tensor method name, a torch callable, an aten overload or packet)
+to a rule. A rule reads the call and returns a `Placement`: the device of the result, and the
 call rewritten so that it computes on meta tensors (device arguments become "meta").
 Ops with no entry follow `default_placement`: an explicit ``device=`` argument, else the
-common device of the tensor inputs, else torch's default device.
+common device of the tensor inputs, else the CPU (as c10 defaults an unset device).
+
+The entries live by family: moves between devices (this module), factories
+(`factories`), values read to the host (`host_values`) and indexing with indices on
+another device (`indexing`).
 """
 from __future__ import annotations
 
-import builtins
-import operator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
+from torch._ops import OpOverload, OpOverloadPacket
 
-from .placement import META, default_device, device_of, merge_devices, normalize_device
+from ..errors import PropagationError, RuleRegistrationError
+from .placement import CPU, META, device_of, merge_devices, normalize_device
 
 aten = torch.ops.aten
 
@@ -42,15 +46,42 @@ TRANSFERS: dict[Any, tuple[str, DeviceRule]] = {}
 
 
 def transfer(*targets: Any, name: str) -> Callable[[DeviceRule], DeviceRule]:
-    """Register a device rule for targets; a target may have only one."""
+    """Register a device rule for targets; a target may have only one.
+
+    An aten `OpOverloadPacket` registers the packet (for graphs that call it) and each of its
+    overloads (for graphs from torch.export / make_fx).
+    """
     def register(fn: DeviceRule) -> DeviceRule:
-        for target in targets:
+        for target in _expand(targets):
             if target in TRANSFERS:
-                from ..errors import RuleRegistrationError
-                raise RuleRegistrationError(f"a device rule for {target!r} is already registered")
+                raise RuleRegistrationError(f"a device rule for {target!r} is already registered "
+                                            f"({TRANSFERS[target][0]})")
             TRANSFERS[target] = (name, fn)
         return fn
     return register
+
+
+def _expand(targets: Iterable[Any]) -> list[Any]:
+    expanded = []
+    for target in targets:
+        expanded.append(target)
+        if isinstance(target, OpOverloadPacket):
+            expanded.extend(getattr(target, overload) for overload in target.overloads())
+    return expanded
+
+
+def everywhere(name: str, *, aten_name: str | None = None) -> tuple[Any, ...]:
+    """Every spelling of one op an FX graph may hold: ``x.name(...)`` (a call_method target),
+    ``torch.Tensor.name``, ``torch.name``, ``torch.nn.functional.name`` and ``aten.name``."""
+    found: list[Any] = [name]
+    for owner in (torch.Tensor, torch, torch.nn.functional):
+        candidate = getattr(owner, name, None)
+        if callable(candidate) and candidate not in found:
+            found.append(candidate)
+    packet = getattr(aten, aten_name or name, None)
+    if isinstance(packet, OpOverloadPacket):
+        found.append(packet)
+    return tuple(found)
 
 
 def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -71,34 +102,28 @@ def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
-def _is_device_like(value: Any) -> bool:
-    return isinstance(value, torch.device)
-
-
-def _to_meta(value: Any) -> Any:
-    return META if isinstance(value, torch.device) else value
+def onto_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The call with every device argument made "meta" and pinning dropped."""
+    args = tuple(META if isinstance(a, torch.device) else a for a in args)
+    kwargs = {key: META if key == "device" and value is not None else value for key, value in kwargs.items()}
+    if kwargs.get("pin_memory"):
+        kwargs["pin_memory"] = False
+    return args, kwargs
 
 
 def default_placement(target: Any, args: tuple, kwargs: dict) -> Placement:
-    """An explicit device argument, else the inputs' common device, else the default device."""
+    """An explicit device argument, else the inputs' common device, else the CPU."""
     explicit = kwargs.get("device")
     if explicit is None:
-        explicit = next((a for a in args if _is_device_like(a)), None)
+        explicit = next((a for a in args if isinstance(a, torch.device)), None)
     if explicit is not None:
-        device = normalize_device(explicit)
-        kwargs = {**kwargs, "device": META} if "device" in kwargs else kwargs
-        args = tuple(_to_meta(a) for a in args)
-        return Placement(device, target, args, _without_pinning(kwargs), "explicit device argument")
+        return Placement(normalize_device(explicit), target, *onto_meta(args, kwargs), "explicit device argument")
     common = merge_devices(tensors_in(args, kwargs))
     if common is None:
-        return Placement(default_device(), target, args, _without_pinning(kwargs), "default device")
-    return Placement(common, target, args, _without_pinning(kwargs), "common device of inputs", transfer=False)
-
-
-def _without_pinning(kwargs: dict) -> dict:
-    if kwargs.get("pin_memory"):
-        return {**kwargs, "pin_memory": False}
-    return kwargs
+        if isinstance(target, OpOverload) and any(a.name == "device" for a in target._schema.arguments):
+            kwargs = {**kwargs, "device": META}  # an aten factory: `with torch.device("meta")` does not reach it
+        return Placement(CPU, target, *onto_meta(args, kwargs), "no tensor inputs: the CPU")
+    return Placement(common, target, *onto_meta(args, kwargs), "common device of inputs", transfer=False)
 
 
 def place(target: Any, args: tuple, kwargs: dict) -> Placement:
@@ -117,43 +142,78 @@ def _hashable(target: Any) -> bool:
     return True
 
 
+def bind(op: OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An aten overload's arguments by name, defaults filled in from its schema."""
+    bound: dict[str, Any] = {}
+    positional = list(args)
+    for argument in op._schema.arguments:
+        if positional and not argument.kwarg_only:
+            bound[argument.name] = positional.pop(0)
+        elif argument.name in kwargs:
+            bound[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            bound[argument.name] = argument.default_value
+    return bound
+
+
+def self_device(args: tuple, kwargs: dict, name: str) -> torch.device:
+    """The device of the op's first tensor argument (``self``/``input``)."""
+    self = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    if not isinstance(self, torch.Tensor):
+        raise PropagationError(f"{name}: expected a tensor as the first argument, got {type(self).__name__}")
+    return device_of(self)
+
+
 # --- moves between devices -------------------------------------------------------------
 
 def _move(self: torch.Tensor, device: torch.device, rule: str, *, dtype=None, copy=False,
-          non_blocking=False, memory_format=torch.preserve_format) -> Placement:
+          non_blocking=False, memory_format=None) -> Placement:
+    """``self.to(device, dtype)``: a fresh tensor when the device changes, as torch makes one."""
     moved = device != device_of(self)
-    kwargs = {"copy": copy or moved, "memory_format": memory_format}
+    kwargs = {"copy": bool(copy) or moved, "memory_format": memory_format or torch.preserve_format}
     if dtype is not None:
         kwargs["dtype"] = dtype
     return Placement(device, torch.Tensor.to, (self,), kwargs, rule)
+
+
+def _is_device_like(value: Any) -> bool:
+    return isinstance(value, (str, torch.device)) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _parse_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.device, dict]:
     """Tensor.to's overloads: (device, dtype, ...), (dtype, ...), (tensor, ...), keywords."""
     device = kwargs.pop("device", None)
     dtype = kwargs.pop("dtype", None)
+    other = kwargs.pop("other", None)
+    kwargs.pop("layout", None)      # to.dtype_layout: only strided tensors are propagated
+    kwargs.pop("pin_memory", None)  # pinning does not change the device
     rest = list(args)
     if rest and isinstance(rest[0], torch.Tensor):
         other = rest.pop(0)
-        device, dtype = device_of(other), other.dtype
-    elif rest and (isinstance(rest[0], (str, torch.device)) or (isinstance(rest[0], int) and not isinstance(rest[0], bool))):
+    elif rest and (rest[0] is None or _is_device_like(rest[0])):
         device = rest.pop(0)
-    if rest and isinstance(rest[0], torch.dtype):
-        dtype = rest.pop(0)
-    for name, value in zip(("non_blocking", "copy"), rest):
+    if other is not None:
+        device, dtype = device_of(other), other.dtype
+    if rest and (rest[0] is None or isinstance(rest[0], torch.dtype)):
+        dtype = rest.pop(0) or dtype
+    for name, value in zip(("non_blocking", "copy", "memory_format"), rest):
         kwargs[name] = value
     target = device_of(self) if device is None else normalize_device(device)
     return target, {"dtype": dtype, **kwargs}
 
 
-@transfer("to", torch.Tensor.to, name="Tensor.to")
+@transfer("to", torch.Tensor.to, aten.to, name="Tensor.to")
 def tensor_to(target, args, kwargs):
+    """Tensor.to(device, dtype, non_blocking, copy, memory_format), (dtype, ...), (other, ...)."""
     self, *rest = args
+    if target in (aten.to.prim_dtype, aten.to.prim_other):  # TorchScript's (self, int? dtype, ...): no move
+        return Placement(device_of(self), target, args, kwargs, "Tensor.to", transfer=False)
     device, options = _parse_to(self, *rest, **kwargs)
     return _move(self, device, "Tensor.to", **options)
 
 
 def _backend_move(device_type: str) -> DeviceRule:
+    """``x.cuda(device=None, non_blocking=False, memory_format=...)`` and its siblings."""
     def rule(target, args, kwargs):
         self, *rest = args
         index = kwargs.get("device", rest[0] if rest else None)
@@ -161,66 +221,63 @@ def _backend_move(device_type: str) -> DeviceRule:
             device = normalize_device(torch.device(device_type, index))
         else:
             device = normalize_device(index)
-        return _move(self, device, f"Tensor.{device_type}",
-                     non_blocking=kwargs.get("non_blocking", False),
-                     memory_format=kwargs.get("memory_format", torch.preserve_format))
+        if device.type != device_type:
+            raise PropagationError(f"Tensor.{device_type}: invalid device, expected a {device_type} device, "
+                                   f"got {device}")
+        return _move(self, device, f"Tensor.{device_type}", non_blocking=kwargs.get("non_blocking", False),
+                     memory_format=kwargs.get("memory_format"))
     return rule
 
 
-for _device_type in ("cuda", "xpu", "mtia"):
-    if hasattr(torch.Tensor, _device_type):
-        transfer(_device_type, getattr(torch.Tensor, _device_type), name=f"Tensor.{_device_type}")(
-            _backend_move(_device_type))
+BACKEND_MOVES = tuple(name for name in ("cuda", "xpu", "mtia") if hasattr(torch.Tensor, name))
+for _device_type in BACKEND_MOVES:
+    transfer(_device_type, getattr(torch.Tensor, _device_type), name=f"Tensor.{_device_type}")(
+        _backend_move(_device_type))
 
 
 @transfer("cpu", torch.Tensor.cpu, name="Tensor.cpu")
 def tensor_cpu(target, args, kwargs):
-    return _move(args[0], torch.device("cpu"), "Tensor.cpu",
-                 memory_format=kwargs.get("memory_format", torch.preserve_format))
+    return _move(args[0], CPU, "Tensor.cpu", memory_format=kwargs.get("memory_format"))
 
 
-# --- values read off the device --------------------------------------------------------
+@transfer("type", torch.Tensor.type, name="Tensor.type")
+def tensor_type(target, args, kwargs):
+    """x.type() is a host string; x.type("torch.cuda.HalfTensor") moves, as the name says."""
+    self, *rest = args
+    wanted = kwargs.get("dtype", rest[0] if rest else None)
+    if wanted is None:
+        return host(_type_name(self.dtype, device_of(self)), "Tensor.type")
+    if isinstance(wanted, torch.dtype):
+        return _move(self, device_of(self), "Tensor.type", dtype=wanted)
+    name = wanted if isinstance(wanted, str) else f"{wanted.__module__}.{wanted.__name__}"
+    on_cuda = name.startswith("torch.cuda.")
+    dtype = getattr(torch, name.rsplit(".", 1)[-1]).dtype
+    device = normalize_device("cuda") if on_cuda else CPU
+    if device.type == device_of(self).type:
+        device = device_of(self)  # torch keeps the index when the backend does not change
+    return _move(self, device, "Tensor.type", dtype=dtype, non_blocking=kwargs.get("non_blocking", False))
 
-def _host(value: Any, rule: str) -> Placement:
+
+def _type_name(dtype: torch.dtype, device: torch.device) -> str:
+    base = torch.empty((), dtype=dtype, device="meta").type().removeprefix("torch.meta.")
+    return f"torch.{base}" if device.type == "cpu" else f"torch.{device.type}.{base}"
+
+
+@transfer(aten._to_copy, name="aten._to_copy")
+def to_copy(target, args, kwargs):
+    """_to_copy(self, *, dtype, layout, device, pin_memory, non_blocking, memory_format)."""
+    device = kwargs.get("device")
+    result = normalize_device(device) if device is not None else device_of(args[0])
+    return Placement(result, target, *onto_meta(args, kwargs), "aten._to_copy")
+
+
+@transfer(*everywhere("copy_"), aten.copy, name="copy_: into self from any device")
+def copy_from_any_device(target, args, kwargs):
+    """copy_(self, src, non_blocking) copies across devices; the result lives with self."""
+    return Placement(self_device(args, kwargs, "copy_"), target, *onto_meta(args, kwargs),
+                     "copy_: into self from any device")
+
+
+def host(value: Any, rule: str) -> Placement:
+    """A python value known without computing: no tensor, no device."""
     return Placement(None, None, (), {}, rule, host_value=value, has_host_value=True)
-
-
-@transfer(builtins.getattr, name="getattr")
-def getattr_rule(target, args, kwargs):
-    obj, name, *default = args
-    if isinstance(obj, torch.Tensor) and name in _DEVICE_ATTRIBUTES:
-        return _host(_DEVICE_ATTRIBUTES[name](device_of(obj)), f"Tensor.{name}")
-    return default_placement(target, args, kwargs)
-
-
-_DEVICE_ATTRIBUTES = {
-    "device": lambda device: device,
-    "is_cuda": lambda device: device.type == "cuda",
-    "is_cpu": lambda device: device.type == "cpu",
-    "is_meta": lambda device: device.type == "meta",
-    "is_xpu": lambda device: device.type == "xpu",
-    "is_mps": lambda device: device.type == "mps",
-}
-
-
-@transfer("get_device", torch.Tensor.get_device, name="Tensor.get_device")
-def get_device(target, args, kwargs):
-    device = device_of(args[0])
-    return _host(device.index if device.type != "cpu" else -1, "Tensor.get_device")
-
-
-# --- indexing with an index on another device ------------------------------------------
-
-def _on_self(rule: str) -> DeviceRule:
-    """The result lives with the indexed tensor; index tensors may sit on the CPU."""
-    def placement(target, args, kwargs):
-        self = args[0]
-        if not isinstance(self, torch.Tensor):
-            return default_placement(target, args, kwargs)
-        return Placement(device_of(self), target, args, kwargs, rule)
-    return placement
-
-
-for _target, _name in ((operator.getitem, "getitem"), (aten.index.Tensor, "aten.index.Tensor"),
-                       (aten._unsafe_index.Tensor, "aten._unsafe_index.Tensor")):
-    transfer(_target, name=_name)(_on_self(_name))

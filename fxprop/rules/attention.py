@@ -3,7 +3,8 @@
 `scaled_dot_product_attention` picks a backend inside C++ and calls that backend's kernel,
 whose output layout differs from the math path's: the fused kernels return the output in
 the query's physical layout. On meta tensors the pick is always "math", so this rule makes
-the pick for the node's logical device and calls the chosen kernel's meta implementation.
+the pick for the node's logical device and calls the chosen kernel's meta implementation:
+the host's own choice for the CPU, `cuda_attention`'s model of torch's choice for CUDA.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from .. import context
+from .. import context, symbolic
+from . import cuda_attention
 from .registry import rule
 
 aten = torch.ops.aten
@@ -22,10 +24,17 @@ def _host_sample(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """A CPU tensor with the same metadata, for the host's backend checks (never filled)."""
     if tensor is None:
         return None
+    if symbolic.has_symbolic([tensor]):
+        return symbolic.host_sample(tensor)
     if tensor.numel() <= _EXACT_SAMPLE_LIMIT:
         return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
     shape = tuple(min(size, 2) for size in tensor.shape)
     return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+
+
+def attention_settings() -> tuple:
+    """The global settings the backend choice reads, for memoized results to be told apart."""
+    return (cuda_attention.enabled_backends(), tuple(cuda_attention.priority_order()))
 
 
 def choose_backend(device: torch.device | None, query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -37,6 +46,9 @@ def choose_backend(device: torch.device | None, query, key, value, attn_mask, dr
                                              _host_sample(attn_mask), dropout_p, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
         return SDPBackend(choice)
+    if device.type == "cuda":
+        return cuda_attention.choose(cuda_attention.Call(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                         enable_gqa))
     return SDPBackend.MATH
 
 
@@ -45,8 +57,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     backend = choose_backend(context.node_device(), query, key, value, attn_mask, dropout_p, is_causal, scale,
                              enable_gqa)
-    if backend == SDPBackend.FLASH_ATTENTION and (context.node_device() or torch.device("cpu")).type == "cpu":
+    device_type = (context.node_device() or torch.device("cpu")).type
+    if backend == SDPBackend.FLASH_ATTENTION and device_type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu.default(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+    if device_type == "cuda":
+        return cuda_attention.KERNELS[backend](cuda_attention.Call(query, key, value, attn_mask, dropout_p, is_causal,
+                                                                   scale, enable_gqa))
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

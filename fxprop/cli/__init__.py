@@ -1,0 +1,5 @@
+"""The ``fxprop`` command line: parsing (`main`), loading models and inputs (`loading`),
+text formats (`formats`), pictures (`drawing`) and stage progress (`progress`)."""
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,97 @@
+"""No leaks: many propagate calls keep memory and every cache bounded.
+
+RSS is read from /proc/self/statm (Linux). The bounds are generous: they catch a leak of a
+tensor, a FakeTensorMode or a cache entry per call (1,000 calls), not allocator noise.
+"""
+import gc
+import os
+import time
+import warnings
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+import fxprop
+from fxprop import examples
+from fxprop.rules import registry
+
+CALLS = 1000
+RSS_GROWTH_LIMIT = 96 * 2**20
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * PAGE
+
+
+def live(kind) -> int:
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance on deprecated torch proxies in gc warns
+        warnings.simplefilter("ignore")
+        return sum(1 for obj in gc.get_objects() if isinstance(obj, kind))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc (Linux)")
+def test_a_thousand_calls_keep_rss_and_caches_bounded():
+    model, (tokens,) = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model)  # 64 nodes: embeddings, attention, layer norms, MLPs
+    batches = [fxprop.TensorSpec((batch, 16), dtype=torch.int64) for batch in (1, 2, 3, 4)]
+    small = fxprop.RuleCache(max_entries=64)
+
+    def call(i):
+        cache = {0: False, 1: small}.get(i % 10, True)  # mostly as callers call it: with the shared cache
+        fxprop.propagate(gm, tokens if i % 5 == 0 else batches[i % 4], cache=cache)
+
+    for i in range(100):  # warm up: caches fill, lazy imports and allocator pools settle
+        call(i)
+    gc.collect()
+    before_rss, before_fakes, before_modes = rss_bytes(), live(FakeTensor), live(FakeTensorMode)
+    started = time.monotonic()
+    for i in range(CALLS):
+        call(i)
+    gc.collect()
+    grown = rss_bytes() - before_rss
+    assert grown < RSS_GROWTH_LIMIT, f"RSS grew by {grown / 2**20:.1f} MiB over {CALLS} calls"
+    assert live(FakeTensor) <= before_fakes + 8, "FakeTensors outlive their calls"
+    assert live(FakeTensorMode) <= before_modes + 2, "FakeTensorModes outlive their calls"
+    assert len(small) <= small.max_entries and small.stats()["hits"] > 0
+    assert len(fxprop.rule_cache) <= fxprop.rule_cache.max_entries
+    assert len(registry._resolved) < 2000, "the resolved-rule memo grows per call"
+    assert time.monotonic() - started < 120
+
+
+def test_the_rule_cache_evicts_beyond_its_size():
+    cache = fxprop.RuleCache(max_entries=16)
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    for batch in range(1, 200):
+        fxprop.propagate(gm, fxprop.TensorSpec((batch, 8)), cache=cache)
+        assert len(cache) <= 16
+    stats = cache.stats()
+    assert stats["entries"] == 16 and stats["misses"] >= 2 * 199 - 16
+
+
+def test_failed_calls_do_not_leak():
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(4, 4)))
+    for _ in range(50):
+        with pytest.raises(fxprop.PropagationError):
+            fxprop.propagate(gm, fxprop.TensorSpec((2, 8)))
+    before = live(FakeTensorMode)
+    for _ in range(200):
+        with pytest.raises(fxprop.PropagationError):
+            fxprop.propagate(gm, fxprop.TensorSpec((2, 8)))
+    assert live(FakeTensorMode) <= before + 2, "failed calls keep their modes (tracebacks held?)"
+
+
+def test_user_tensors_are_not_kept_alive():
+    """Real inputs and parameters are read, never retained after the call."""
+    import weakref
+    model = torch.nn.Linear(8, 8)
+    gm = torch.fx.symbolic_trace(model)
+    x = torch.randint(0, 3, (4, 8)).float()
+    refs = [weakref.ref(x), weakref.ref(gm.weight)]
+    fxprop.propagate(gm, x)
+    del x, model, gm
+    gc.collect()
+    assert all(ref() is None for ref in refs), "propagate keeps a user tensor alive"

@@ -1,0 +1,432 @@
+"""Symbolic shapes: every symbolic result is checked by substituting concrete sizes and running for real."""
+from __future__ import annotations
+
+import operator
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import fxprop
+from fxprop import PropagationError, TensorSpec, examples, shape_of, symbolic
+
+B, T, H, W, C, N = (sympy.Symbol(name, integer=True, positive=True) for name in "BTHWCN")
+
+
+# --- the substitution check -----------------------------------------------------------
+
+def real_values(gm: torch.fx.GraphModule, inputs: tuple) -> dict:
+    """Every node's real value, by running the graph for real."""
+    values = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            values[node] = result = super().run_node(node)
+            return result
+
+    with torch.no_grad():
+        Recorder(gm).run(*inputs)
+    return values
+
+
+def check_substitution(gm: torch.fx.GraphModule, sizes: dict, inputs: tuple) -> None:
+    """Every node's symbolic shape, with ``sizes`` substituted, is the real shape; the assumptions hold.
+
+    Data-dependent symbols are checked against their bounds and then bound to the real size,
+    so every shape downstream of them is compared exactly too.
+    """
+    bindings = dict(sizes)
+    infos = gm.meta["fxprop"]["symbols"]
+    for assumption in gm.meta["fxprop"]["assumptions"]:
+        if not assumption.free_symbols - set(bindings):
+            assert bool(assumption.subs(bindings)), f"{assumption} fails at {bindings}: pick sizes that satisfy it"
+    for node, value in real_values(gm, inputs).items():
+        compare(shape_of(node), _real_shape(value), bindings, infos, node)
+
+
+def _real_shape(value):
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return tuple(_real_shape(item) for item in value)
+    if isinstance(value, torch.Size):
+        return tuple(value)
+    return value
+
+
+def compare(symbolic_value, real, bindings, infos, node):
+    if isinstance(symbolic_value, tuple):
+        assert isinstance(real, tuple) and len(real) == len(symbolic_value), (node, symbolic_value, real)
+        for item, real_item in zip(symbolic_value, real):
+            compare(item, real_item, bindings, infos, node)
+        return
+    if isinstance(symbolic_value, sympy.Basic) and not isinstance(symbolic_value, sympy.logic.boolalg.Boolean):
+        unknown = symbolic_value.free_symbols - set(bindings)
+        if unknown == {symbolic_value}:  # a data-dependent size, first seen: check its bounds, then bind it
+            info = infos[symbolic_value]
+            assert info.node is not None
+            lower, upper = (sympy.sympify(bound).subs(bindings) for bound in (info.lower, info.upper))
+            assert lower <= real <= upper, (node, symbolic_value, real, lower, upper)
+            bindings[symbolic_value] = real
+            return
+        assert not unknown, (node, symbolic_value, unknown)
+        assert symbolic_value.subs(bindings) == real, (node, symbolic_value, bindings, real)
+        return
+    if isinstance(symbolic_value, (int, float, bool)) and isinstance(real, (int, float, bool)):
+        if isinstance(symbolic_value, int):
+            assert symbolic_value == real, (node, symbolic_value, real)
+
+
+def output_shape(gm):
+    return shape_of(next(node for node in gm.graph.nodes if node.op == "output"))
+
+
+def traced(fn, *names):
+    """A GraphModule calling ``fn`` on placeholders named ``names``, traced like symbolic_trace."""
+    tracer = torch.fx.Tracer()
+    tracer.graph = graph = torch.fx.Graph()
+    tracer.root = root = torch.nn.Module()
+    proxies = [torch.fx.Proxy(graph.placeholder(name), tracer) for name in names]
+    graph.output(tracer.create_arg(fn(*proxies)))
+    return torch.fx.GraphModule(root, graph)
+
+
+# --- item 1: dims ---------------------------------------------------------------------
+
+def test_dims_are_ints_strings_or_sympy_and_the_same_name_is_the_same_size():
+    gm = traced(lambda x, y: torch.cat([x, y]), "x", "y")
+    fxprop.propagate(gm, TensorSpec(("B", 16)), TensorSpec((sympy.Symbol("B"), 16)))
+    assert output_shape(gm) == (2 * B, 16)
+    gm = traced(lambda x, y: torch.cat([x, y]), "x", "y")
+    fxprop.propagate(gm, TensorSpec(("2*B", "T")), TensorSpec((B + 1, T)))
+    assert output_shape(gm) == (3 * B + 1, T)
+    symbols = gm.meta["fxprop"]["symbols"]
+    assert symbols[B].lower == 1 and symbols[B].upper == sympy.oo and symbols[B].node is None
+    check_substitution(gm, {B: 3, T: 2}, (torch.randn(6, 2), torch.randn(4, 2)))
+
+
+def test_symbols_declared_nonnegative_may_be_zero():
+    M = sympy.Symbol("M", integer=True, nonnegative=True)
+    gm = traced(lambda x: x.sum(0), "x")
+    fxprop.propagate(gm, TensorSpec((M, 4)))
+    assert gm.meta["fxprop"]["symbols"][M].lower == 0
+    check_substitution(gm, {M: 0}, (torch.randn(0, 4),))
+
+
+@pytest.mark.parametrize("dim", [-1, 2.5, "B +", sympy.Symbol("x", negative=True), sympy.Rational(1, 2)])
+def test_bad_dims_are_refused(dim):
+    with pytest.raises(fxprop.InputError):
+        TensorSpec((dim, 4))
+
+
+# --- item 2: expressions out ----------------------------------------------------------
+
+def test_linear_cat_view_conv_reshape():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(16, 32))
+    fxprop.propagate(gm, TensorSpec(("B", 16)))
+    assert output_shape(gm) == (B, 32)
+    for b in (1, 5):
+        check_substitution(gm, {B: b}, (torch.randn(b, 16),))
+
+    gm = traced(lambda x: torch.cat([x, x]).view(-1), "x")
+    fxprop.propagate(gm, TensorSpec(("B", 16)))
+    cat, view = [node for node in gm.graph.nodes if node.op.startswith("call")]
+    assert shape_of(cat) == (2 * B, 16) and shape_of(view) == (32 * B,)
+
+    gm = torch.fx.symbolic_trace(torch.nn.Conv2d(3, 8, 3, stride=2))
+    fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+    assert output_shape(gm) == (1, 8, sympy.floor((H - 3) / 2) + 1, sympy.floor((W - 3) / 2) + 1)
+    assert sympy.And(H >= 3, W >= 3) in gm.meta["fxprop"]["assumptions"]
+    for h, w in ((3, 3), (8, 11), (32, 17)):
+        check_substitution(gm, {H: h, W: w}, (torch.randn(1, 3, h, w),))
+
+    gm = traced(lambda x: x.reshape(-1, 4), "x")
+    fxprop.propagate(gm, TensorSpec(("N",)))
+    assert output_shape(gm) == (sympy.floor(N / 4), 4)
+    for n in (4, 12):
+        check_substitution(gm, {N: n}, (torch.randn(n),))
+
+
+def test_mlp():
+    gm = torch.fx.symbolic_trace(examples.MLP())
+    fxprop.propagate(gm, TensorSpec(("B", 16)))
+    assert output_shape(gm) == (B, 10)
+    for b in (1, 7):
+        check_substitution(gm, {B: b}, (torch.randn(b, 16),))
+
+
+def test_cnn_with_symbolic_height_and_width():
+    model = examples.ResNet().eval()
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", 3, "H", "W")))
+    assert output_shape(gm) == (B, 10)
+    stem = next(node for node in gm.graph.nodes if node.target == "stem.3")
+    assert shape_of(stem) == (B, 16, sympy.floor((H - 1) / 2) + 1, sympy.floor((W - 1) / 2) + 1)
+    for b, h, w in ((2, 32, 32), (1, 17, 23), (3, 5, 9)):
+        check_substitution(gm, {B: b, H: h, W: w}, (torch.randn(b, 3, h, w),))
+
+
+def test_gpt_with_symbolic_batch_and_sequence_length():
+    model, _ = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model)
+    out = fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64))
+    assert output_shape(gm) == (B, T, model.config.vocab_size)
+    assert isinstance(out, FakeTensor) and out.fake_mode.shape_env is not None
+    for b, t in ((1, 1), (2, 16), (3, 7)):
+        check_substitution(gm, {B: b, T: t}, (torch.randint(0, model.config.vocab_size, (b, t)),))
+
+
+def test_lstm_with_symbolic_batch():
+    model, _ = examples.lstm_example()
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", 12), dtype=torch.int64))
+    assert output_shape(gm) == ((B, 12, 7), (2, B, 48), (2, B, 48))
+    for b in (1, 4):
+        check_substitution(gm, {B: b}, (torch.randint(0, 100, (b, 12)),))
+
+
+def test_lstm_with_symbolic_sequence_length_names_the_op_and_the_input():
+    model, _ = examples.lstm_example()
+    gm = torch.fx.symbolic_trace(model)
+    with pytest.raises(PropagationError, match=r"(?s)aten\.unbind\.int.*symbolic input.*\(T, B, 192\)") as caught:
+        fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64))
+    assert caught.value.node_name == "lstm"
+
+
+def test_aten_level_graph_meta_and_decomposition_rules():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+    gm = make_fx(model)(torch.randn(4, 8))
+    fxprop.propagate(gm, TensorSpec(("B", 8)))
+    assert output_shape(gm) == (B, 16)
+    kinds = {node.meta["fxprop"].kind for node in gm.graph.nodes}
+    assert "meta" in kinds or "decomposition" in kinds
+    for b in (1, 3):
+        check_substitution(gm, {B: b}, (torch.randn(b, 8),))
+
+
+def test_decomposition_rule_kind_is_symbolic_too():
+    gm = traced(lambda x: F.glu(x, dim=-1), "x")
+    fxprop.propagate(gm, TensorSpec(("B", "2*T")))
+    assert output_shape(gm) == (B, T)
+    check_substitution(gm, {B: 2, T: 3}, (torch.randn(2, 6),))
+
+
+# --- item 3: data-dependent sizes -------------------------------------------------------
+
+U0 = sympy.Symbol("u0", integer=True)
+
+
+@pytest.mark.parametrize("values", [torch.tensor([1.0, 0.0, 2.0, 0.0]), torch.zeros(4), torch.ones(4)])
+def test_nonzero_gets_a_fresh_bounded_symbol_never_a_guess(values):
+    gm = traced(lambda x: x.nonzero(), "x")
+    fxprop.propagate(gm, values)  # concrete input, real data: the count is still not guessed
+    assert output_shape(gm) == (U0, 1)
+    info = gm.meta["fxprop"]["symbols"][U0]
+    assert (info.lower, info.upper, info.node, info.kind) == (0, 4, "nonzero", "size")
+    check_substitution(gm, {}, (values,))
+
+
+def test_nonzero_on_symbolic_input_is_bounded_by_its_numel():
+    gm = traced(lambda x: torch.nonzero(x), "x")
+    fxprop.propagate(gm, TensorSpec(("B", 5)))
+    assert output_shape(gm) == (U0, 2)
+    info = gm.meta["fxprop"]["symbols"][U0]
+    assert (info.lower, info.upper, info.node) == (0, 5 * B, "nonzero")
+    check_substitution(gm, {B: 3}, (torch.randint(0, 2, (3, 5)).float(),))
+
+
+def test_unique_masked_select_boolean_mask_and_repeat_interleave():
+    gm = traced(lambda x: torch.unique(x, return_counts=True), "x")
+    fxprop.propagate(gm, TensorSpec((10,), dtype=torch.int64))
+    assert output_shape(gm) == ((U0,), (U0,))
+    check_substitution(gm, {}, (torch.tensor([3, 1, 3, 2, 2, 2, 9, 1, 1, 0]),))
+
+    gm = traced(lambda x, m: torch.masked_select(x, m), "x", "m")
+    fxprop.propagate(gm, TensorSpec(("B", 4)), TensorSpec(("B", 4), dtype=torch.bool))
+    assert output_shape(gm) == (U0,) and gm.meta["fxprop"]["symbols"][U0].upper == 4 * B
+    check_substitution(gm, {B: 3}, (torch.randn(3, 4), torch.rand(3, 4) > 0.5))
+
+    gm = traced(lambda x, m: x[m] * 2, "x", "m")
+    fxprop.propagate(gm, TensorSpec(("B", 4)), TensorSpec(("B",), dtype=torch.bool))
+    getitem = next(node for node in gm.graph.nodes if node.target is operator.getitem)
+    assert shape_of(getitem) == (U0, 4)
+    assert gm.meta["fxprop"]["symbols"][U0].node == "getitem"
+    check_substitution(gm, {B: 5}, (torch.randn(5, 4), torch.tensor([True, False, True, True, False])))
+
+    gm = traced(lambda x, r: torch.repeat_interleave(x, r, dim=0), "x", "r")
+    fxprop.propagate(gm, TensorSpec((5, 3)), TensorSpec((5,), dtype=torch.int64))
+    assert output_shape(gm) == (U0, 3)
+    info = gm.meta["fxprop"]["symbols"][U0]
+    assert (info.lower, info.upper) == (0, sympy.oo)
+    check_substitution(gm, {}, (torch.randn(5, 3), torch.tensor([0, 2, 1, 3, 0])))
+
+
+def test_item_gives_an_unbounded_value_symbol_that_sizes_may_use():
+    gm = traced(lambda r: r.new_zeros((r.sum().item(), 2)), "r")
+    fxprop.propagate(gm, TensorSpec((5,), dtype=torch.int64))
+    assert output_shape(gm) == (U0, 2)
+    info = gm.meta["fxprop"]["symbols"][U0]
+    assert (info.lower, info.upper, info.kind) == (-sympy.oo, sympy.oo, "value")
+    assert sympy.Ge(U0, 0) in gm.meta["fxprop"]["assumptions"]  # zeros() needs a non-negative size
+    check_substitution(gm, {}, (torch.tensor([1, 2, 0, 0, 4]),))
+
+    # an aten-level item node
+    gm = traced(lambda r: r.new_zeros((torch.ops.aten.item.default(r.sum()), 2)), "r")
+    fxprop.propagate(gm, TensorSpec((5,), dtype=torch.int64))
+    item = next(node for node in gm.graph.nodes if node.target is torch.ops.aten.item.default)
+    assert shape_of(item) == U0
+    assert output_shape(gm) == (U0, 2)
+    check_substitution(gm, {}, (torch.tensor([1, 2, 0, 0, 4]),))
+
+
+def test_data_dependent_sizes_flow_on_and_are_never_cached():
+    gm = traced(lambda x: (x.nonzero() * 2).float().sum(1, keepdim=True).expand(-1, 3).sum(1), "x")
+    first = fxprop.propagate(gm, torch.tensor([1, 0, 1]))
+    second = fxprop.propagate(gm, torch.tensor([1, 0, 1]))
+    assert output_shape(gm) == (U0,)
+    assert first.fake_mode.shape_env is not second.fake_mode.shape_env
+    check_substitution(gm, {}, (torch.tensor([1, 0, 1]),))
+    for key, (recipe, _) in list(fxprop.rule_cache._entries.items()):
+        assert "SymInt" not in repr(recipe) and "SymInt" not in repr(key)
+
+
+# --- item 4: assumptions and contradictions ----------------------------------------------
+
+def test_view_and_head_split_record_divisibility():
+    gm = traced(lambda x: x.view(-1, 4), "x")
+    fxprop.propagate(gm, TensorSpec(("B", "T")))
+    assert gm.meta["fxprop"]["assumptions"] == [sympy.Eq(sympy.Mod(B * T, 4), 0)]
+    assert output_shape(gm) == (sympy.floor(B * T / 4), 4)
+    for b, t in ((1, 4), (2, 6), (3, 4)):
+        check_substitution(gm, {B: b, T: t}, (torch.randn(b, t),))
+
+
+def test_broadcasting_assumes_only_what_broadcasting_needs():
+    gm = traced(lambda x, y: x + y, "x", "y")
+    fxprop.propagate(gm, TensorSpec(("B", 16)), TensorSpec(("C", 16)))
+    assert gm.meta["fxprop"]["assumptions"] == [sympy.Eq(B, 1) | sympy.Eq(C, 1) | sympy.Eq(B, C)]
+    assert output_shape(gm) == (sympy.Max(B, C), 16)
+    for b, c in ((3, 3), (1, 4), (5, 1)):
+        check_substitution(gm, {B: b, C: c}, (torch.randn(b, 16), torch.randn(c, 16)))
+
+    gm = traced(lambda x, y: x * y, "x", "y")
+    fxprop.propagate(gm, TensorSpec(("B",)), TensorSpec((3,)))
+    assert gm.meta["fxprop"]["assumptions"] == [sympy.Eq(B, 1) | sympy.Eq(B, 3)]
+    assert output_shape(gm) == (3,)
+    for b in (1, 3):
+        check_substitution(gm, {B: b}, (torch.randn(b), torch.randn(3)))
+
+    gm = traced(lambda x, y: x + y, "x", "y")  # a literal 1 broadcasts without assuming anything
+    fxprop.propagate(gm, TensorSpec(("B", 16)), TensorSpec((1, 16)))
+    assert gm.meta["fxprop"]["assumptions"] == [] and output_shape(gm) == (B, 16)
+
+
+def test_a_contradiction_names_the_node():
+    gm = traced(lambda x, y, z: (x + y) + z, "x", "y", "z")
+    with pytest.raises(PropagationError) as caught:
+        fxprop.propagate(gm, TensorSpec(("B",)), TensorSpec((3,)), TensorSpec((4,)))
+    assert caught.value.node_name == "add_1"
+
+    gm = traced(lambda x, y, z: (x @ y, x @ z), "x", "y", "z")  # B == 3, then B == 4
+    with pytest.raises(PropagationError, match="reduction dim") as caught:
+        fxprop.propagate(gm, TensorSpec((2, "B")), TensorSpec((3, 4)), TensorSpec((4, 5)))
+    assert caught.value.node_name == "matmul_1"
+
+
+def test_expressions_over_the_cap_raise_and_say_so(monkeypatch):
+    monkeypatch.setattr(symbolic, "MAX_EXPR_OPS", 1)
+    gm = torch.fx.symbolic_trace(torch.nn.Conv2d(3, 8, 3, stride=2))
+    with pytest.raises(PropagationError, match="MAX_EXPR_OPS"):
+        fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+
+
+# --- item 5: python size arithmetic -------------------------------------------------------
+
+def test_python_size_arithmetic_flows_into_view_and_reshape():
+    heads = 4
+    gm = traced(lambda x: x.view(x.size(0) * 2, x.shape[-1] // heads, -1).reshape(x.size(0), -1), "x")
+    fxprop.propagate(gm, TensorSpec(("B", "8*T")))
+    mul = next(node for node in gm.graph.nodes if node.target is operator.mul)
+    floordiv = next(node for node in gm.graph.nodes if node.target is operator.floordiv)
+    assert shape_of(mul) == 2 * B and shape_of(floordiv) == 2 * T
+    assert output_shape(gm) == (B, 8 * T)
+    for b, t in ((1, 1), (3, 2)):
+        check_substitution(gm, {B: b, T: t}, (torch.randn(b, 8 * t),))
+
+
+# --- item 6: access ----------------------------------------------------------------------
+
+def test_node_vals_are_fake_tensors_of_one_shape_env():
+    gm = torch.fx.symbolic_trace(examples.MLP())
+    fxprop.propagate(gm, TensorSpec(("B", 16)))
+    fakes = [node.meta["val"] for node in gm.graph.nodes if isinstance(node.meta.get("val"), FakeTensor)]
+    modes = {id(fake.fake_mode) for fake in fakes}
+    assert len(modes) == 1 and fakes[0].fake_mode.shape_env is not None
+    batch = fakes[0].shape[0]
+    assert isinstance(batch, torch.SymInt) and all(fake.shape[0].node.expr == batch.node.expr
+                                                   for fake in fakes if fake.dim() == 2)
+    assert gm.meta["fxprop"]["assumptions"] == []
+
+
+def test_concrete_graphs_have_empty_symbolic_summaries():
+    gm = torch.fx.symbolic_trace(examples.MLP())
+    fxprop.propagate(gm, TensorSpec((2, 16)))
+    assert gm.meta["fxprop"]["symbols"] == {} and gm.meta["fxprop"]["assumptions"] == []
+    assert all(isinstance(dim, int) for dim in output_shape(gm))
+
+
+_lib = torch.library.Library("fxprop_symbolic_test", "DEF")
+_lib.define("host_only(Tensor x) -> Tensor")
+_lib.impl("host_only", lambda x: x.clone(), "CPU")
+
+
+def test_an_op_with_no_symbolic_rule_names_the_op_and_the_input():
+    gm = traced(lambda x: torch.ops.fxprop_symbolic_test.host_only(x), "x")
+    with pytest.raises(PropagationError, match=r"host_only.*no symbolic rule.*arg0 of shape \(B, 3\)"):
+        fxprop.propagate(gm, TensorSpec(("B", 3)))
+    fxprop.propagate(gm, TensorSpec((2, 3)))  # concrete inputs still fall back
+    assert output_shape(gm) == (2, 3)
+
+
+# --- the symbolic module ------------------------------------------------------------------
+
+def test_resolve_definitely_equal_and_broadcast_shapes():
+    assert symbolic.resolve(sympy.Ge(B, 1)) is True
+    assert symbolic.resolve(sympy.Eq(B, 1)) is None and symbolic.resolve(sympy.Eq(B, 1), default=False) is False
+    assert symbolic.definitely_equal(2 * B, B + B) and not symbolic.definitely_equal(B, C)
+    assert symbolic.broadcast_shapes((B, 1), (1, 16)) == ((B, 16), [])
+    shape, assumptions = symbolic.broadcast_shapes((B,), (3,))
+    assert shape == (3,) and assumptions == [sympy.Eq(B, 1) | sympy.Eq(B, 3)]
+    assert symbolic.broadcast_shapes((B,), (C,))[0] == (sympy.Max(B, C),)
+    with pytest.raises(PropagationError, match="do not broadcast"):
+        symbolic.broadcast_shapes((2,), (3,))
+
+
+def test_repropagate_keeps_the_symbols():
+    gm = torch.fx.symbolic_trace(examples.MLP())
+    fxprop.propagate(gm, TensorSpec(("B", 16)))
+    relu = next(node for node in gm.graph.nodes if node.op == "call_function")
+    with gm.graph.inserting_after(relu):
+        doubled = gm.graph.call_function(torch.cat, ([relu, relu],))
+    relu.replace_all_uses_with(doubled, delete_user_cb=lambda user: user is not doubled)
+    fxprop.repropagate(gm)
+    assert shape_of(doubled) == (2 * B, 64) and output_shape(gm) == (2 * B, 10)
+    gm.recompile()
+    check_substitution(gm, {B: 3}, (torch.randn(3, 16),))
+
+
+def test_concrete_graph_with_a_data_dependent_op_shares_one_fake_mode():
+    gm = traced(lambda x, y: (x + 1, y.nonzero()), "x", "y")
+    fxprop.propagate(gm, TensorSpec((2, 3)), torch.tensor([0, 1]))
+    fakes = [node.meta["val"] for node in gm.graph.nodes if isinstance(node.meta.get("val"), FakeTensor)]
+    assert len({id(fake.fake_mode) for fake in fakes}) == 1
+    assert fakes[0].fake_mode.shape_env is not None
+
+
+def test_item_of_a_real_input_is_its_value():
+    gm = traced(lambda x, start: torch.narrow(x, 0, start, 2), "x", "start")
+    fxprop.propagate(gm, torch.randn(5, 4), torch.tensor(1))
+    assert output_shape(gm) == (2, 4) and gm.meta["fxprop"]["symbols"] == {}
