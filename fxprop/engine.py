@@ -18,7 +18,7 @@ import contextlib
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable
 
 import torch
 import torch.fx
@@ -65,7 +65,8 @@ class _TensorRecord:
 
 
 def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device | str | None = None,
-              fallback_limit_bytes: int = DEFAULT_FALLBACK_LIMIT_BYTES, cache: bool | RuleCache = True) -> Any:
+              fallback_limit_bytes: int = DEFAULT_FALLBACK_LIMIT_BYTES, cache: bool | RuleCache = True,
+              progress: Callable[[int, int], None] | None = None) -> Any:
     """Annotate every node of ``gm`` with shape, dtype, device and strides, without running it.
 
     Inputs may be real, meta or fake tensors, `fxprop.TensorSpec`, python scalars, or nested
@@ -80,6 +81,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         fallback_limit_bytes: cap on the bytes the real-tensor fallback may materialize per op.
         cache: reuse rule results across nodes and calls (True: the process-wide cache;
             False: none; or a `RuleCache` of your own).
+        progress: called as ``progress(done, total)`` before each node and once at the end.
 
     If any node fails, a `PropagationError` names it and no node's metadata is changed.
 
@@ -99,7 +101,6 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         raise InputError(f"fallback_limit_bytes must be a non-negative int, got {fallback_limit_bytes!r}")
     if not isinstance(cache, (bool, RuleCache)):
         raise InputError(f"cache must be True, False or a fxprop.RuleCache, got {type(cache).__name__}: {cache!r}")
-    memo = rule_cache if cache is True else (cache if isinstance(cache, RuleCache) else None)  # an empty cache is falsy
     session = Session(fallback_limit_bytes)
     state = StateView(param_device)
     flat_inputs = _flatten_inputs(gm, inputs)
@@ -109,7 +110,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     with symbolic.scope(symbols):
         internal = [to_internal(value, f"input {i} (placeholder %{node.name})", session.real_values)
                     for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
-        run = _Run(gm, session, state, memo)
+        run = _Run(gm, session, state, _memo_for(cache), progress)
         with _restored_global_state(), logical_default_device():
             output = run.walk(internal)
         if symbols.active:
@@ -162,8 +163,7 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     session = Session(fallback_limit_bytes)
     symbols = symbolic.session_of(gm)
     with symbolic.scope(symbols):
-        memo = rule_cache if cache is True else (cache if isinstance(cache, RuleCache) else None)  # an empty cache is falsy
-        run = _Run(gm, session, StateView(param_device), memo)
+        run = _Run(gm, session, StateView(param_device), _memo_for(cache))
         with _restored_global_state(), logical_default_device():
             run.walk([], dirty=dirty)
         if symbols.active:
@@ -171,6 +171,12 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     run.commit()
     gm.meta["fxprop"].update(symbols.summary())
     return dirty
+
+
+def _memo_for(cache: bool | RuleCache) -> RuleCache | None:
+    if cache is True:
+        return rule_cache
+    return cache if isinstance(cache, RuleCache) else None  # not `cache or None`: an empty RuleCache is falsy
 
 
 def _flatten_inputs(gm: torch.fx.GraphModule, inputs: tuple) -> list:
@@ -215,8 +221,10 @@ _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, torch._C._set_gra
 
 
 class _Run:
-    def __init__(self, gm: torch.fx.GraphModule, session: Session, state: StateView, memo: RuleCache | None):
+    def __init__(self, gm: torch.fx.GraphModule, session: Session, state: StateView, memo: RuleCache | None,
+                 progress: Callable[[int, int], None] | None = None):
         self.gm = gm
+        self.progress = progress
         self.session = session
         self.state = state
         self.memo = memo
@@ -239,7 +247,10 @@ class _Run:
         self.reuse_annotations = dirty is not None
         remaining = iter(inputs)
         output = None
-        for node in self.gm.graph.nodes:
+        total = len(self.gm.graph.nodes)
+        for index, node in enumerate(self.gm.graph.nodes):
+            if self.progress is not None:
+                self.progress(index, total)
             if dirty is not None and node not in dirty:
                 continue
             try:
@@ -254,14 +265,16 @@ class _Run:
                     value, provenance = self.call(node)
                 else:
                     raise PropagationError(f"unknown node kind {node.op!r}")
+                self.env[node] = value
+                self.stage(node, value, provenance)  # a value torch cannot represent is this node's error
             except FxpropError as error:
                 if isinstance(error, PropagationError) and error.node_name is not None:
                     raise
                 raise self.node_error(node, error) from error
             except Exception as error:
                 raise self.node_error(node, error) from error
-            self.env[node] = value
-            self.stage(node, value, provenance)
+        if self.progress is not None:
+            self.progress(total, total)
         return self.staged_output(output)
 
     def placeholder(self, node: torch.fx.Node, remaining) -> Any:
@@ -313,14 +326,14 @@ class _Run:
             entry = self.memo.get(key)
             if entry is not None:
                 recipe, provenance = entry
-                return _rebuild(recipe), provenance
+                return _rebuild(recipe, _tensors(args, kwargs)), provenance
         value, provenance = self.compute(node, target, args, kwargs)
         if self.symbols.active:  # symbolic values are never shared across calls
             self.symbols.claim(node.name)
             self.symbols.check_size(value)
             key = None
         if key is not None:
-            recipe = _recipe(value) if not _aliases_an_input(value, args, kwargs) else None
+            recipe = _recipe(value, _tensors(args, kwargs))
             if recipe is not None:
                 self.memo.put(key, (recipe, provenance))
         return value, provenance
@@ -474,52 +487,62 @@ def _provenance(record: NodeRecord, placement, call_target: Any, own_rule) -> Pr
     return Provenance(record.kind.value, record.rule)
 
 
-def _aliases_an_input(value: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether a result is a view of, or the very tensor of, an input. Autograd and in-place ops see
-    through such an alias (a view of a leaf, an in-place op making the base require grad), which a
-    rebuilt copy would not, so these results are not memoized."""
-    inputs = {id(tensor) for tensor in _tensors(args, kwargs)}
-    found = False
-
-    def visit(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal found
-        found = found or tensor._is_view() or id(tensor) in inputs
-        return tensor
-
-    map_structure(visit, value)
-    return found
+@dataclass(frozen=True)
+class _AliasRecord:
+    """A result that is an input itself (``view`` None) or a view of one: rebuilt as a view of
+    the new call's input, so that autograd and in-place ops see the alias as torch would."""
+    index: int
+    view: _TensorRecord | None
 
 
-def _recipe(value: Any) -> Any:
+def _recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
     """An immutable description of a result, or None when it holds something that cannot be shared."""
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided:
             return None
-        return _TensorRecord(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
-                             value.requires_grad, device_of(value))
+        for index, tensor in enumerate(inputs):
+            if value is tensor:
+                return _AliasRecord(index, None)
+        record = _TensorRecord(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+                               value.requires_grad, device_of(value))
+        if not value._is_view():
+            return record
+        for index, tensor in enumerate(inputs):
+            if _same_base(value, tensor) and tensor.dtype == value.dtype and tensor.requires_grad == value.requires_grad:
+                return _AliasRecord(index, record)
+        return None
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
                           torch.memory_format, torch.layout)):
         return value
     if isinstance(value, (tuple, list)):
-        parts = [_recipe(item) for item in value]
+        parts = [_recipe(item, inputs) for item in value]
         if any(part is None and item is not None for part, item in zip(parts, value)):
             return None
-        kind = type(value)
-        return (_Sequence, kind, tuple(parts))
+        return (_Sequence, type(value), tuple(parts))
     return None
+
+
+def _same_base(view: torch.Tensor, tensor: torch.Tensor) -> bool:
+    base = view._base
+    return tensor is base or (tensor._is_view() and tensor._base is base)
 
 
 class _Sequence:
     pass
 
 
-def _rebuild(recipe: Any) -> Any:
+def _rebuild(recipe: Any, inputs: list[torch.Tensor]) -> Any:
     if isinstance(recipe, _TensorRecord):
-        meta = _fresh_meta(recipe)
-        return tag(meta, recipe.device)
+        return tag(_fresh_meta(recipe), recipe.device)
+    if isinstance(recipe, _AliasRecord):
+        source = inputs[recipe.index]
+        if recipe.view is None:
+            return source
+        view = recipe.view
+        return tag(source.as_strided(view.shape, view.stride, view.offset), view.device)
     if isinstance(recipe, tuple) and len(recipe) == 3 and recipe[0] is _Sequence:
         _, kind, parts = recipe
-        items = [_rebuild(part) for part in parts]
+        items = [_rebuild(part, inputs) for part in parts]
         if kind is list:
             return items
         if kind is tuple:

@@ -848,11 +848,14 @@ OPEN_STRIDE_FINDINGS = {
     torch.stack: "campaign seed 1796217672: torch's meta `stack` is the python ref cat(...).view(...), ATen's "
                  "is cat of unsqueezed inputs, and CPU elementwise kernels give size-1 dims other strides than "
                  "the meta kernels; stacking such inputs along a middle dim then differs in significant strides",
+    torch.nn.BatchNorm1d: "campaign seed 1796218399: on the CPU, batch norm of a (1, 2, 2) input with strides "
+                          "(4, 1, 2) is contiguous; fxprop keeps the input's strides (fxprop/rules/normalization.py)",
 }
 
 
 def _target_of(gm: torch.fx.GraphModule, name: str) -> Any:
-    return next(node.target for node in gm.graph.nodes if node.name == name)
+    node = next(node for node in gm.graph.nodes if node.name == name)
+    return type(gm.get_submodule(node.target)) if node.op == "call_module" else node.target
 
 
 def unmodeled(error: BaseException | None) -> str | None:
@@ -1099,3 +1102,26 @@ def test_open_finding_stack_strides():
     graph.output(graph.call_function(torch.stack, ((x, graph.call_function(torch.abs, (x,))), 1)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     assert_matches_real(gm, torch.randn(4).as_strided((1, 1, 2, 1), (2, 1, 1, 1)))
+
+
+@pytest.mark.xfail(reason=OPEN_STRIDE_FINDINGS[torch.nn.BatchNorm1d], strict=True)
+def test_open_finding_batch_norm_strides():
+    from fxprop.testing import assert_matches_real
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.BatchNorm1d(2)))
+    assert_matches_real(gm, torch.randn(4).as_strided((1, 2, 2), (4, 1, 2)))
+
+
+def test_a_value_torch_cannot_hold_is_the_nodes_error():
+    """Finding (campaign seed 1796218407): an int tensor multiplied in place by a float requiring grad came
+    out as an int tensor requiring grad; building its FakeTensor raised a bare RuntimeError out of
+    propagate. Now it is a PropagationError at that node, where real execution raises too."""
+    class MulInPlace(torch.nn.Module):
+        def forward(self, x, w):
+            return x.mul_(w)
+
+    gm = torch.fx.symbolic_trace(MulInPlace())
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec((3,), dtype=torch.int64), fxprop.TensorSpec((3,), requires_grad=True))
+    assert caught.value.node_name == "mul_"
+    assert run_real_until_error(gm, torch.ones(3, dtype=torch.int64),
+                                torch.ones(3, requires_grad=True)).failed_node == "mul_"

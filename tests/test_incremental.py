@@ -73,3 +73,11 @@ def test_a_failed_repropagate_changes_nothing():
     with pytest.raises(fxprop.PropagationError, match="matmul"):
         fxprop.repropagate(gm)
     assert {n.name: dict(n.meta) for n in gm.graph.nodes} == before
+
+
+def test_progress_reports_every_node_then_the_total():
+    gm, inputs = llama_graph()
+    seen = []
+    fxprop.propagate(gm, *inputs, progress=lambda done, total: seen.append((done, total)))
+    total = len(gm.graph.nodes)
+    assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) == total + 1

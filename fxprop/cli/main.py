@@ -116,7 +116,8 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
         progress.stage(f"propagating {nodes:,} nodes")
         started = time.perf_counter()
         propagate(gm, *loaded.inputs, param_device=getattr(args, "param_device", None),
-                  fallback_limit_bytes=getattr(args, "fallback_limit", DEFAULT_FALLBACK_LIMIT_BYTES))
+                  fallback_limit_bytes=getattr(args, "fallback_limit", DEFAULT_FALLBACK_LIMIT_BYTES),
+                  progress=progress.advance if progress.enabled else None)
         seconds = time.perf_counter() - started
         progress.done()
         summary = summarize(gm, seconds)

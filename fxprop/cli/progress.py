@@ -1,8 +1,8 @@
-"""Progress on stderr: the stage being worked on and how long it has taken.
+"""Progress on stderr: the stage being worked on, how far it is, and how long it has taken.
 
-`propagate` does not report per node, so for the propagation stage this shows the node
-count and a live elapsed time rather than an invented percentage. On a TTY the line
-redraws in place; otherwise each finished stage prints one line.
+During propagation `propagate(..., progress=...)` reports each node, so the line shows
+"done/total nodes"; other stages show a live elapsed time. On a TTY the line redraws in
+place; otherwise each finished stage prints one line.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.live = enabled and self.stream.isatty()
         self._stage: str | None = None
+        self._count = ""
         self._started = 0.0
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -39,11 +40,15 @@ class Progress:
     def __exit__(self, *exc) -> None:
         self.done(failed=exc[0] is not None)
 
+    def advance(self, done: int, total: int) -> None:
+        """Per-item progress for the current stage (a `propagate` progress callback)."""
+        self._count = f" {done:,}/{total:,}"
+
     def stage(self, text: str) -> None:
         self.done()
         if not self.enabled:
             return
-        self._stage, self._started = text, time.perf_counter()
+        self._stage, self._started, self._count = text, time.perf_counter(), ""
         if self.live:
             self._stop.clear()
             self._ticker = threading.Thread(target=self._tick, daemon=True)
@@ -66,7 +71,7 @@ class Progress:
         turn = 0
         while not self._stop.wait(0.2):
             elapsed = time.perf_counter() - self._started
-            self._write(f"fxprop: {self._stage} {spinner[turn % 4]} {elapsed:.1f} s", final=False)
+            self._write(f"fxprop: {self._stage}{self._count} {spinner[turn % 4]} {elapsed:.1f} s", final=False)
             turn += 1
 
     def _write(self, text: str, final: bool) -> None:
