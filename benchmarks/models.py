@@ -1,10 +1,8 @@
 """The graphs the benchmark measures, each built the same way for every method."""
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 

@@ -7,7 +7,6 @@ their type and value. Two calls share an entry only when all of it matches.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any, Hashable
 
 import torch
@@ -66,11 +65,16 @@ def signature(value: Any) -> Hashable:
 
 
 class RuleCache:
-    """An LRU map from call signatures to recorded results."""
+    """A bounded map from call signatures to recorded results; the oldest entries go first.
+
+    First-in-first-out rather than least-recently-used: a hit then costs one hash of its key,
+    and the entries a graph keeps hitting (its repeated blocks) are re-added as soon as they
+    are evicted.
+    """
 
     def __init__(self, max_entries: int = 8192):
         self.max_entries = max_entries
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._entries: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -81,16 +85,15 @@ class RuleCache:
             if entry is None:
                 self.misses += 1
                 return None
-            self._entries.move_to_end(key)
             self.hits += 1
             return entry
 
     def put(self, key: Hashable, entry: Any) -> None:
         with self._lock:
+            self._entries.pop(key, None)
             self._entries[key] = entry
-            self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+                del self._entries[next(iter(self._entries))]
 
     def clear(self) -> None:
         with self._lock:

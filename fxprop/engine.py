@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
@@ -35,6 +34,7 @@ from .modules import StateView
 from .rules.registry import Kind, python_rule, target_name
 from .rules.attention import attention_settings
 from .rules.registry import generation as registry_generation
+from .source import source_line
 from .specs import meta_like, to_internal
 from . import symbolic
 
@@ -325,17 +325,18 @@ class _Run:
         if key is not None:
             entry = self.memo.get(key)
             if entry is not None:
-                recipe, provenance = entry
-                return _rebuild(recipe, _tensors(args, kwargs)), provenance
+                recipe, provenance, aliases_inputs = entry
+                return _rebuild(recipe, _tensors(args, kwargs) if aliases_inputs else ()), provenance
         value, provenance = self.compute(node, target, args, kwargs)
         if self.symbols.active:  # symbolic values are never shared across calls
             self.symbols.claim(node.name)
             self.symbols.check_size(value)
             key = None
         if key is not None:
-            recipe = _recipe(value, _tensors(args, kwargs))
+            inputs = _tensors(args, kwargs)
+            recipe = _recipe(value, inputs)
             if recipe is not None:
-                self.memo.put(key, (recipe, provenance))
+                self.memo.put(key, (recipe, provenance, _mentions_alias(recipe)))
         return value, provenance
 
     def submodule(self, node: torch.fx.Node) -> torch.nn.Module:
@@ -430,7 +431,7 @@ class _Run:
             reason, inputs = self.symbols.readable(reason), tuple(map(self.symbols.readable, inputs))
         error_type = type(error) if isinstance(error, PropagationError) else PropagationError
         return error_type(f"fxprop: {_op_name(node)} failed: {reason}", node_name=node.name, op=_op_name(node),
-                          inputs=inputs, source=_source_line(node))
+                          inputs=inputs, source=source_line(node))
 
     def load_for_error(self, argument: Any) -> Any:
         return torch.fx.node.map_arg(argument, lambda n: self.env.get(n, f"%{n.name} (not computed)"))
@@ -507,10 +508,13 @@ def _recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
                                value.requires_grad, device_of(value))
         if not value._is_view():
             return record
-        for index, tensor in enumerate(inputs):
-            if _same_base(value, tensor) and tensor.dtype == value.dtype and tensor.requires_grad == value.requires_grad:
-                return _AliasRecord(index, record)
-        return None
+        aliased = [index for index, tensor in enumerate(inputs) if _same_base(value, tensor)]
+        if not aliased:
+            return record  # a view of an intermediate the graph never sees: a fresh tensor is as good
+        index = aliased[0]
+        if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
+            return None
+        return _AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
                           torch.memory_format, torch.layout)):
         return value
@@ -520,6 +524,13 @@ def _recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
             return None
         return (_Sequence, type(value), tuple(parts))
     return None
+
+
+def _mentions_alias(recipe: Any) -> bool:
+    if isinstance(recipe, _AliasRecord):
+        return True
+    return isinstance(recipe, tuple) and len(recipe) == 3 and recipe[0] is _Sequence and any(
+        _mentions_alias(part) for part in recipe[2])
 
 
 def _same_base(view: torch.Tensor, tensor: torch.Tensor) -> bool:
@@ -591,21 +602,3 @@ def _describe_inputs(args: tuple, kwargs: dict):
         yield f"arg{i}: {_describe(value)}"
     for name, value in kwargs.items():
         yield f"{name}: {_describe(value)}"
-
-
-def _source_line(node: torch.fx.Node) -> str | None:
-    """The innermost frame of the node's stack trace that is the user's code, not torch's."""
-    trace = node.meta.get("stack_trace") or node.stack_trace
-    if not trace:
-        return None
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    frames = [(line, lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else "")
-              for i, line in enumerate(lines) if line.startswith("File ")]
-    users = [frame for frame in frames if _TORCH_DIR not in frame[0]] or frames
-    if not users:
-        return lines[-1]
-    where, code = users[-1]
-    return f"{where}: {code}" if code else where
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__)

@@ -4,7 +4,6 @@ Each `*_example()` returns ``(model, example_inputs)``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch

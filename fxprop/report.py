@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Any, Iterable
 
 import torch
 
+from .source import source_location
 from .symbolic import user_shape
 import torch.fx
 import torch.utils._pytree as pytree
@@ -28,8 +28,6 @@ import torch.utils._pytree as pytree
 NODE_HEADER = ("node", "op", "rule kind", "shape", "dtype", "device")
 SOURCE_HEADER = (*NODE_HEADER, "source")
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
 def describe_value(value: Any) -> tuple[str, str, str]:
@@ -61,22 +59,6 @@ def op_text(node: torch.fx.Node) -> str:
         return node.op
     target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     return f"{node.op}:{target}"
-
-
-def source_location(node: torch.fx.Node) -> dict[str, Any] | None:
-    """The innermost frame of the node's stack trace in the user's code: file, line and code."""
-    trace = node.meta.get("stack_trace") or node.stack_trace
-    if not trace:
-        return None
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    frames = []
-    for i, line in enumerate(lines):
-        found = _FRAME.match(line)
-        if found:
-            code = lines[i + 1] if i + 1 < len(lines) and not _FRAME.match(lines[i + 1]) else ""
-            frames.append({"file": found["file"], "line": int(found["line"]), "code": code})
-    users = [frame for frame in frames if not frame["file"].startswith(_TORCH_DIR)] or frames
-    return users[-1] if users else None
 
 
 def source_text(node: torch.fx.Node, width: int = 60) -> str:

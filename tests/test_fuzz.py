@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.fx
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, note, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import fxprop

@@ -3,7 +3,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import fxprop
