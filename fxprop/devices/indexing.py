@@ -68,9 +68,10 @@ def setitem(target, args, kwargs):
     return _with_self(self, target, args, kwargs, "x[index] = values")
 
 
-def _indices_from_any_device(name: str):
+def _others_from_any_device(name: str, others: str):
+    """The result lives with ``self``; the named other tensors may sit on any device."""
     def rule(target, args, kwargs):
-        return _with_self(_self(args, kwargs), target, args, kwargs, f"{name}: indices from any device")
+        return _with_self(_self(args, kwargs), target, args, kwargs, f"{name}: {others} from any device")
     return rule
 
 
@@ -83,12 +84,6 @@ def _put_with_indices_from_any_device(name: str):
     return rule
 
 
-def _source_from_any_device(name: str):
-    def rule(target, args, kwargs):
-        return _with_self(_self(args, kwargs), target, args, kwargs, f"{name}: source from any device")
-    return rule
-
-
 def _same_device_no_cpu_scalars(name: str):
     def rule(target, args, kwargs):
         device = merge_devices(tensors_in(args, kwargs), cpu_scalars_follow=False)
@@ -98,10 +93,10 @@ def _same_device_no_cpu_scalars(name: str):
 
 
 for _name in INDICES_FROM_ANY_DEVICE:
-    transfer(*everywhere(_name), name=_name)(_indices_from_any_device(_name))
+    transfer(*everywhere(_name), name=_name)(_others_from_any_device(_name, "indices"))
 for _name in PUTS_WITH_INDICES_FROM_ANY_DEVICE:
     transfer(*everywhere(_name), name=_name)(_put_with_indices_from_any_device(_name))
 for _name in SOURCE_FROM_ANY_DEVICE:
-    transfer(*everywhere(_name), name=_name)(_source_from_any_device(_name))
+    transfer(*everywhere(_name), name=_name)(_others_from_any_device(_name, "source"))
 for _name in SAME_DEVICE_NO_CPU_SCALARS:
     transfer(*everywhere(_name), name=_name)(_same_device_no_cpu_scalars(_name))
