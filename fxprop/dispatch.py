@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import symbolic
 from .context import Session, swap_session
 from .devices import META
+from .rules import elementwise_layout
 from .rules.fallback import run_on_host
 from .rules.registry import Kind, Rule, decomposition_for, shape_rule
 
@@ -55,24 +56,24 @@ class RuleDispatch(TorchDispatchMode):
 
     def apply(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         record = self.session.record
-        if rule.kind is Kind.PYTHON:
-            record.note(Kind.PYTHON, rule.name)
-            return rule.fn(*args, **kwargs)
         if rule.kind is Kind.META:
             try:
                 result = func(*args, **kwargs)
             except NotImplementedError:
                 decomposition = decomposition_for(func)
-                next_rule = (Rule(Kind.DECOMPOSITION, rule.name, decomposition) if decomposition is not None
-                             else Rule(Kind.FALLBACK, rule.name))
-                return self.apply(func, next_rule, args, kwargs)
-            record.note(Kind.META, rule.name)
-            return result
+                rule = (Rule(Kind.DECOMPOSITION, rule.name, decomposition) if decomposition is not None
+                        else Rule(Kind.FALLBACK, rule.name))
+            else:
+                record.note(Kind.META, rule.name)
+                return elementwise_layout.relayout(func, args, kwargs, result)
+        if rule.kind is Kind.PYTHON:
+            record.note(Kind.PYTHON, rule.name)
+            return elementwise_layout.relayout(func, args, kwargs, rule.fn(*args, **kwargs))
         if rule.kind is Kind.DECOMPOSITION:
             record.note(Kind.DECOMPOSITION, rule.name)
             with self:
                 result = rule.fn(*args, **kwargs)
-            return result
+            return elementwise_layout.relayout(func, args, kwargs, result)
         if self.symbols.active:
             symbolic.refuse_fallback(func, args, kwargs)
         result, used = run_on_host(func, args, kwargs, limit_bytes=self.session.fallback_limit_bytes,

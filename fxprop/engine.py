@@ -360,14 +360,18 @@ class _Run:
             module = self.state.shadow(target)
             device = merge_devices([*_tensors(args, kwargs), *self.state.state_tensors(target)])
             placement = None
+            # A rule for a module type receives the module (its meta shadow) first.
             call_target, call_args, call_kwargs = module, args, kwargs
+            own_rule = python_rule(type(target))
+            if own_rule is not None:
+                call_args = (module, *args)
         else:
             placement = place(target, args, kwargs)
             if placement.has_host_value:
                 return placement.host_value, Provenance("device", placement.rule)
             device = placement.device
             call_target, call_args, call_kwargs = placement.target, placement.args, placement.kwargs
-        own_rule = python_rule(call_target) if node.op != "call_module" else None
+            own_rule = python_rule(call_target)
         record = NodeRecord(device=device)
         self.session.record = record
         with torch.device("meta"), self.mode, symbolic.dispatcher(self.symbols):

@@ -844,20 +844,6 @@ def stricter_on_empty(gm: torch.fx.GraphModule, real: Any, error: fxprop.Propaga
 
 
 # Open findings, reviewed, one reason each: strides not yet compared for these targets.
-OPEN_STRIDE_FINDINGS = {
-    torch.stack: "campaign seed 1796217672: torch's meta `stack` is the python ref cat(...).view(...), ATen's "
-                 "is cat of unsqueezed inputs, and CPU elementwise kernels give size-1 dims other strides than "
-                 "the meta kernels; stacking such inputs along a middle dim then differs in significant strides",
-    torch.nn.BatchNorm1d: "campaign seed 1796218399: on the CPU, batch norm of a (1, 2, 2) input with strides "
-                          "(4, 1, 2) is contiguous; fxprop keeps the input's strides (fxprop/rules/normalization.py)",
-}
-
-
-def _target_of(gm: torch.fx.GraphModule, name: str) -> Any:
-    node = next(node for node in gm.graph.nodes if node.name == name)
-    return type(gm.get_submodule(node.target)) if node.op == "call_module" else node.target
-
-
 def unmodeled(error: BaseException | None) -> str | None:
     text = str(error)
     return next((reason for pattern, reason in UNMODELED_REAL_ERRORS.items() if re.search(pattern, text)), None)
@@ -906,8 +892,7 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
         assert real.failed_node is None or unmodeled(real.error), (
             f"real execution raised at %{real.failed_node}: {type(real.error).__name__}: {real.error}\n"
             "but fxprop propagated the graph")
-        mismatches = [m for m in compare_nodes(gm, real.values)
-                      if not (m.field.startswith("stride") and _target_of(gm, m.node) in OPEN_STRIDE_FINDINGS)]
+        mismatches = compare_nodes(gm, real.values)
         assert not mismatches, render_mismatches(mismatches)
     finally:
         assert gm.code == code
@@ -1008,6 +993,19 @@ REGRESSIONS = [
      (torch.zeros(0, 2, 5, 5, dtype=torch.bfloat16), torch.zeros(3, 2, 3, 3)), False),
     ("conv with a float64 bias", F.conv2d, (torch.zeros(1, 2, 5, 5), torch.zeros(3, 2, 3, 3), torch.zeros(3, dtype=torch.float64)), True),
     ("linear of matching bfloat16", F.linear, (torch.zeros(2, 5, 5, dtype=torch.bfloat16), torch.zeros(3, 5, dtype=torch.bfloat16)), False),
+    ("a half conv3d of a channels_last_3d input, laid out as this host's backend choice", F.conv3d,
+     (torch.randn(1, 3, 4, 4, 4, dtype=torch.half).contiguous(memory_format=torch.channels_last_3d),
+      torch.randn(2, 3, 2, 2, 2, dtype=torch.half)), False),
+    ("a float conv3d of one sample takes the slow kernel (contiguous), as the host chooses", F.conv3d,
+     (torch.randn(1, 3, 4, 4, 4).contiguous(memory_format=torch.channels_last_3d), torch.randn(2, 3, 2, 2, 2)), False),
+    ("a batched float conv3d keeps channels_last_3d where the host picks oneDNN", F.conv3d,
+     (torch.randn(17, 3, 4, 4, 4).contiguous(memory_format=torch.channels_last_3d), torch.randn(2, 3, 2, 2, 2)), False),
+    ("bilinear upsampling of zero channels (the CPU kernel refuses an empty sample)", F.interpolate,
+     (torch.zeros(1, 0, 3, 3), None, 2.0, "bilinear"), True),
+    ("bicubic upsampling of an empty batch", F.interpolate, (torch.zeros(0, 2, 3, 3), None, 2.0, "bicubic"), False),
+    ("linear upsampling of an empty sample", F.interpolate, (torch.zeros(2, 0, 3), None, 2.0, "linear"), True),
+    ("a bool tensor to a bool power, in place, stays bool", torch.Tensor.pow_, (torch.tensor([True, False]), True), False),
+    ("an int tensor to a negative int power, in place", torch.Tensor.pow_, (torch.tensor([1, 2]), -1), True),
 ]
 
 
@@ -1094,8 +1092,11 @@ def test_cached_results_keep_their_aliasing(cache):
         assert out.requires_grad
 
 
-@pytest.mark.xfail(reason=OPEN_STRIDE_FINDINGS[torch.stack], strict=True)
-def test_open_finding_stack_strides():
+def test_stack_of_an_elementwise_result_in_size_one_dims():
+    """Finding (campaign seed 1796217672): the CPU lays out ``abs`` of a (1, 1, 2, 1) tensor with strides
+    (2, 1, 1, 1) as (2, 2, 1, 1), torch's python meta kernels as (2, 1, 1, 1); stacking the two along a
+    middle dim made the difference significant. Elementwise results now follow TensorIterator
+    (fxprop/rules/elementwise_layout.py)."""
     from fxprop.testing import assert_matches_real
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -1104,8 +1105,9 @@ def test_open_finding_stack_strides():
     assert_matches_real(gm, torch.randn(4).as_strided((1, 1, 2, 1), (2, 1, 1, 1)))
 
 
-@pytest.mark.xfail(reason=OPEN_STRIDE_FINDINGS[torch.nn.BatchNorm1d], strict=True)
-def test_open_finding_batch_norm_strides():
+def test_batch_norm_of_a_transposed_input_is_contiguous_on_the_cpu():
+    """Finding (campaign seed 1796218399): the CPU lays batch norm's output out in the input's suggested
+    memory format; the meta kernel copied the input's strides (fxprop/rules/normalization.py)."""
     from fxprop.testing import assert_matches_real
     gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.BatchNorm1d(2)))
     assert_matches_real(gm, torch.randn(4).as_strided((1, 2, 2), (4, 1, 2)))

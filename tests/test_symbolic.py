@@ -188,12 +188,37 @@ def test_lstm_with_symbolic_batch():
         check_substitution(gm, {B: b}, (torch.randint(0, 100, (b, 12)),))
 
 
-def test_lstm_with_symbolic_sequence_length_names_the_op_and_the_input():
+def test_lstm_with_symbolic_batch_and_sequence_length():
     model, _ = examples.lstm_example()
     gm = torch.fx.symbolic_trace(model)
-    with pytest.raises(PropagationError, match=r"(?s)aten\.unbind\.int.*symbolic input.*\(T, B, 192\)") as caught:
-        fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64))
-    assert caught.value.node_name == "lstm"
+    fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64))
+    assert output_shape(gm) == ((B, T, 7), (2, B, 48), (2, B, 48))
+    lstm = next(node for node in gm.graph.nodes if node.op == "call_module" and node.target == "lstm")
+    assert lstm.meta["fxprop"].rule == "fxprop.rules.recurrent.recurrent_module"
+    for b, t in ((1, 1), (2, 5), (3, 12)):
+        check_substitution(gm, {B: b, T: t}, (torch.randint(0, 100, (b, t)),))
+
+
+@pytest.mark.parametrize("module_type", [torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_recurrent_modules_over_a_symbolic_number_of_steps(module_type, batch_first):
+    extra = {"proj_size": 3} if module_type is torch.nn.LSTM else {}
+    model = torch.nn.Sequential(module_type(5, 4, num_layers=2, bidirectional=True, batch_first=batch_first, **extra))
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", "T", 5) if batch_first else ("T", "B", 5)))
+    for b, t in ((1, 1), (2, 6)):
+        check_substitution(gm, {B: b, T: t}, (torch.randn((b, t, 5) if batch_first else (t, b, 5)),))
+
+
+def test_an_op_that_needs_a_symbolic_size_as_an_int_names_the_op_and_the_input():
+    class Steps(torch.nn.Module):
+        def forward(self, x):
+            return torch.unbind(x)
+
+    gm = torch.fx.symbolic_trace(Steps())
+    with pytest.raises(PropagationError, match=r"(?s)aten\.unbind\.int.*symbolic input.*\(T, 4\)") as caught:
+        fxprop.propagate(gm, TensorSpec(("T", 4)))
+    assert caught.value.node_name == "unbind"
 
 
 def test_aten_level_graph_meta_and_decomposition_rules():

@@ -11,21 +11,37 @@ aten = torch.ops.aten
 _REDUCED_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _backend(input: torch.Tensor, device: torch.device | None):
+def _host_stand_in(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A CPU tensor of ``tensor``'s shape and dtype backed by one element, for asking ATen's
+    backend choice (which looks at sizes, dtype and device, never at data)."""
+    if tensor is None:
+        return None
+    return torch.empty((), dtype=tensor.dtype, device="cpu").expand(tensor.shape)
+
+
+def _cpu_backend(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The CPU kernel ATen would pick on this host: oneDNN or the slow kernels, by dtype, sizes,
+    thread count and the host's bf16/fp16 support."""
     backends = torch._C._ConvBackend
-    if device is not None and device.type == "cpu":
-        if torch.backends.mkldnn.is_available() and input.dtype in _REDUCED_PRECISION:
-            return backends.Mkldnn
-        return backends.Slow2d
-    # cuDNN, like oneDNN, keeps channels_last when the input or the weight uses it.
-    return backends.Mkldnn
+    if any(isinstance(size, torch.SymInt) for size in (*input.shape, *weight.shape)):
+        return backends.Mkldnn if input.dtype in _REDUCED_PRECISION and torch.backends.mkldnn.is_available() \
+            else backends.Slow2d
+    with context.on_host():
+        return torch._C._select_conv_backend(
+            _host_stand_in(input), _host_stand_in(weight), _host_stand_in(bias), stride, padding, dilation,
+            transposed, output_padding, groups)
 
 
-def _output_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format | None:
+def _output_format(input, weight, bias, *conv_args) -> torch.memory_format | None:
     if weight.dim() not in (4, 5):
         return None
-    backend = _backend(input, context.node_device())
-    if backend == torch._C._ConvBackend.Slow2d and weight.dim() == 4:
+    device = context.node_device()
+    # cuDNN, like oneDNN, keeps channels_last when the input or the weight uses it.
+    backend = torch._C._ConvBackend.Mkldnn
+    if device is not None and device.type == "cpu":
+        backend = _cpu_backend(input, weight, bias, *conv_args)
+    slow_2d = (torch._C._ConvBackend.Slow2d, torch._C._ConvBackend.SlowDilated2d, torch._C._ConvBackend.SlowTranspose2d)
+    if backend in slow_2d and weight.dim() == 4:
         # The slow 2d kernels keep channels_last when the input or the weight suggests it, but ATen
         # asks that only of CPU tensors, so for meta tensors it would answer contiguous.
         suggested = {torch._prims_common.suggest_memory_format(t) for t in (input, weight)}
@@ -45,7 +61,8 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
                      lambda: f"expected scalar type {input.dtype} but found {other.dtype}")
     out = aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed,
                                    output_padding, groups)
-    memory_format = _output_format(input, weight)
+    memory_format = _output_format(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                   groups)
     if memory_format is not None and not out.is_contiguous(memory_format=memory_format):
-        out = out.to(memory_format=memory_format)
+        out = out.contiguous(memory_format=memory_format)
     return out

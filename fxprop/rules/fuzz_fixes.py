@@ -5,6 +5,8 @@ regression test per rule.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import context
@@ -110,17 +112,31 @@ _sort_checking_dim(aten.sort.default, "sort")
 _sort_checking_dim(aten.sort.stable, "sort.stable")
 
 
+def _check_integral_power(self, exponent) -> None:
+    integral = not (self.dtype.is_floating_point or self.dtype.is_complex)
+    torch._check(not (integral and isinstance(exponent, int) and not isinstance(exponent, bool) and exponent < 0),
+                 lambda: "Integers to negative integer powers are not allowed.")
+
+
 @rule(aten.pow.Tensor_Scalar)
 def pow_tensor_scalar(self, exponent):
     """Every real kernel refuses an integral tensor to a negative integral power, and raises a bool
     tensor to a bool power as bool; the meta kernel allows the first and promotes the second to int64."""
-    integral = not (self.dtype.is_floating_point or self.dtype.is_complex)
-    torch._check(not (integral and isinstance(exponent, int) and not isinstance(exponent, bool) and exponent < 0),
-                 lambda: "Integers to negative integer powers are not allowed.")
+    _check_integral_power(self, exponent)
     out = aten.pow.Tensor_Scalar(self, exponent)
     if self.dtype == torch.bool and isinstance(exponent, bool):
         out = out.to(torch.bool)
     return out
+
+
+@rule(aten.pow_.Scalar)
+def pow_inplace_scalar(self, exponent):
+    """In place, the same two rules: a bool tensor to a bool power stays bool (the meta kernel's int64
+    result cannot be written back into it)."""
+    _check_integral_power(self, exponent)
+    if self.dtype == torch.bool and isinstance(exponent, bool):
+        return self
+    return aten.pow_.Scalar(self, exponent)
 
 
 def _same_dtype(message: str, first: torch.Tensor, second: torch.Tensor) -> None:
@@ -175,6 +191,26 @@ def _nearest_upsampling_of_empty_batches(op, rank: int):
         return one.new_empty_strided((0, *one.shape[1:]), one.stride())
     upsample.__name__ = upsample.__qualname__ = f"{op.__name__.split('.')[0]}_of_empty_batches"
     return rule(op)(upsample)
+
+
+def _interpolation_of_empty_samples(op, rank: int):
+    """The CPU kernels for linear, bilinear, bicubic and trilinear upsampling refuse an empty
+    sample (no elements, but not for want of a batch); the meta kernels, like CUDA's, accept it."""
+    def upsample(input, *args, **kwargs):
+        device = context.node_device()
+        if device is not None and device.type == "cpu":
+            torch._check(input.numel() != 0 or math.prod(input.shape[1:]) != 0,
+                         lambda: f"Non-empty {rank}D data tensor expected but got a tensor with sizes "
+                                 f"{list(input.shape)}")
+        return op(input, *args, **kwargs)
+    upsample.__name__ = upsample.__qualname__ = f"{op.__name__.split('.')[0]}_of_empty_samples"
+    return rule(op)(upsample)
+
+
+for _op, _rank in [(aten.upsample_linear1d.default, 3), (aten.upsample_bilinear2d.default, 4),
+                   (aten.upsample_bicubic2d.default, 4), (aten.upsample_trilinear3d.default, 5),
+                   (aten._upsample_bilinear2d_aa.default, 4), (aten._upsample_bicubic2d_aa.default, 4)]:
+    _interpolation_of_empty_samples(_op, _rank)
 
 
 for _op, _rank in [(aten.upsample_nearest1d.default, 3), (aten._upsample_nearest_exact1d.default, 3),

@@ -1,10 +1,13 @@
-"""Batch norm in inference: the CPU kernels return empty saved statistics, where torch's meta
-kernel (written for CUDA's layout) returns one value per channel. The shapes follow the
-node's device, as `torch._decomp.decompositions.native_batch_norm_helper` documents:
-"Very annoying inconsistency where CPU and CUDA give different shapes"."""
+"""Batch norm on the CPU: in inference the kernels return empty saved statistics, where torch's
+meta kernel (written for CUDA's layout) returns one value per channel, as
+`torch._decomp.decompositions.native_batch_norm_helper` documents: "Very annoying inconsistency
+where CPU and CUDA give different shapes". And the CPU output is laid out contiguous or
+channels_last as the input is, where the meta kernel copies the input's strides."""
 from __future__ import annotations
 
 import torch
+
+from torch._prims_common import suggest_memory_format
 
 from .. import context
 from .registry import rule
@@ -12,43 +15,55 @@ from .registry import rule
 aten = torch.ops.aten
 
 
-def _saved_statistics_for_device(result: tuple, training: bool) -> tuple:
-    """Empty ``save_mean``/``save_invstd`` (results 1 and 2) for an inference run on the CPU."""
+def _cpu_output_format(input: torch.Tensor) -> torch.memory_format:
+    """The input's own layout where it is dense in one (size-1 dims aside), else its suggestion."""
+    for memory_format in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+        if input.is_contiguous(memory_format=memory_format):
+            return memory_format
+    return suggest_memory_format(input)
+
+
+def _for_device(result: tuple, input: torch.Tensor, training: bool) -> tuple:
     device = context.node_device()
-    if training or device is None or device.type != "cpu":
+    if device is None or device.type != "cpu":
         return result
     output, save_mean, save_invstd, *rest = result
-    return (output, save_mean.new_empty((0,)), save_invstd.new_empty((0,)), *rest)
+    memory_format = _cpu_output_format(input)
+    if not output.is_contiguous(memory_format=memory_format):
+        output = output.contiguous(memory_format=memory_format)
+    if not training:
+        save_mean, save_invstd = save_mean.new_empty((0,)), save_invstd.new_empty((0,))
+    return (output, save_mean, save_invstd, *rest)
 
 
 @rule(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     result = aten.native_batch_norm.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
-    return _saved_statistics_for_device(result, training)
+    return _for_device(result, input, training)
 
 
 @rule(aten._native_batch_norm_legit.default)
 def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
     result = aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training,
                                                    momentum, eps)
-    return _saved_statistics_for_device(result, training)
+    return _for_device(result, input, training)
 
 
 @rule(aten._native_batch_norm_legit_no_training.default)
 def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     result = aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var,
                                                                momentum, eps)
-    return _saved_statistics_for_device(result, False)
+    return _for_device(result, input, False)
 
 
 @rule(aten._batch_norm_impl_index.default)
 def batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
     result = aten._batch_norm_impl_index.default(input, weight, bias, running_mean, running_var, training, momentum,
                                                  eps, cudnn_enabled)
-    return _saved_statistics_for_device(result, training)
+    return _for_device(result, input, training)
 
 
 @rule(aten._batch_norm_no_update.default)
 def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
     result = aten._batch_norm_no_update.default(input, weight, bias, running_mean, running_var, momentum, eps)
-    return _saved_statistics_for_device(result, False)
+    return _for_device(result, input, False)

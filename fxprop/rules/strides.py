@@ -27,5 +27,5 @@ def max_unpool2d(input: torch.Tensor, indices: torch.Tensor, output_size) -> tor
     if _on_cpu() and input.dim() == 4:
         memory_format = suggest_memory_format(input)
         if not out.is_contiguous(memory_format=memory_format):
-            out = out.to(memory_format=memory_format)
+            out = out.contiguous(memory_format=memory_format)
     return out

@@ -1,0 +1,164 @@
+"""The strides real kernels give the result of an elementwise op.
+
+Every CPU and CUDA elementwise kernel allocates its result with ATen's TensorIterator, whose
+layout rules (``TensorIteratorBase::fast_set_up``, ``reorder_dimensions``,
+``allocate_or_resize_outputs`` in aten/src/ATen/TensorIterator.cpp) differ from those of
+torch's python meta kernels (``torch._prims_common.compute_elementwise_output_strides``) in
+dims of size 1: for an input of shape (1, 1, 2, 1) and strides (2, 1, 1, 1), ``abs`` gives
+(2, 2, 1, 1) on the CPU and (2, 1, 1, 1) on meta. Such strides pass on into ``cat``'s choice of
+memory format and into views, where they do matter. `tensor_iterator_strides` is
+TensorIterator's algorithm, on sizes and strides only.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from numbers import Number
+from typing import Any, Sequence
+
+import torch
+from torch._prims_common import (is_non_overlapping_and_dense_or_false, make_channels_last_2d_strides_for,
+                                 make_contiguous_strides_for)
+
+# Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
+# add.Scalar(self, other), pow.Scalar(self, exponent) or special_zeta.self_scalar(self, other) --
+# but not alpha, min, max, weight or pow.Tensor_Scalar's exponent.
+_WRAPPED_SCALAR_NAMES = ("self", "other", "x", "n")
+
+aten = torch.ops.aten
+
+# Elementwise ops whose real kernels do not leave the layout to TensorIterator: masked_fill
+# clones its input contiguous, nan_to_num and frexp allocate empty_like(self), mvlgamma sums,
+# conj_physical of a real tensor is the tensor. Their meta kernels already agree.
+_LAID_OUT_BY_THE_KERNEL = {aten.masked_fill.Scalar, aten.mvlgamma.default, aten.nan_to_num.default,
+                           aten.frexp.Tensor, aten.conj_physical.default}
+# pow.Scalar(base, exponent) asks for a contiguous result in its meta function.
+_CONTIGUOUS = {aten.pow.Scalar}
+# These call another elementwise op with a python number beside the input (self * pi / 180,
+# clamp(self, min, max)), which takes them off TensorIterator's fast path.
+_WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.default, aten.relu6.default}
+
+
+@lru_cache(maxsize=None)
+def _operand_arguments(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...] | None:
+    """(position, name) of the arguments that are TensorIterator operands, or None when the op's
+    results are not laid out by TensorIterator (not elementwise, a view, writing in place, or
+    told a memory format)."""
+    if torch.Tag.pointwise not in op.tags or op.is_view or op._schema.is_mutable:
+        return None
+    if op in _LAID_OUT_BY_THE_KERNEL or any(argument.name == "memory_format" for argument in op._schema.arguments):
+        return None  # clone and _to_copy lay their result out as asked
+    operands = []
+    for position, argument in enumerate(op._schema.arguments):
+        kind = argument.type
+        if isinstance(kind, torch.OptionalType):
+            kind = kind.getElementType()
+        if kind.isSubtypeOf(torch.TensorType.get()) or (
+                kind == torch.NumberType.get() and argument.name in _WRAPPED_SCALAR_NAMES):
+            operands.append((position, argument.name))
+    if op in _WITH_A_NUMBER:
+        operands.append((-1, "a number"))
+    return tuple(operands)
+
+
+def operands_of(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any] | None:
+    """The tensors and wrapped numbers an elementwise ``op`` iterates over, in argument order."""
+    arguments = _operand_arguments(op)
+    if not arguments:
+        return None
+    found = []
+    for position, name in arguments:
+        value = 0 if position < 0 else args[position] if position < len(args) else kwargs.get(name)
+        if isinstance(value, (torch.Tensor, Number)):
+            found.append(value)
+    return found
+
+
+def _shape(operand: Any) -> tuple:
+    return tuple(operand.shape) if isinstance(operand, torch.Tensor) else ()
+
+
+def _broadcast_strides(operand: Any, shape: Sequence[int]) -> tuple:
+    """TensorIterator's view of an operand: stride 0 along dims it is broadcast in."""
+    if not isinstance(operand, torch.Tensor):
+        return (0,) * len(shape)
+    offset = len(shape) - operand.dim()
+    strides = [0] * offset
+    for size, stride, out_size in zip(operand.shape, operand.stride(), shape[offset:]):
+        strides.append(0 if size == 1 and out_size != 1 else stride)
+    return tuple(strides)
+
+
+def tensor_iterator_strides(shape: Sequence[int], operands: Sequence[Any]) -> tuple:
+    """The strides TensorIterator gives a new output of ``shape`` computed from ``operands``
+    (tensors, and python numbers standing for wrapped 0-dim scalars)."""
+    shape = tuple(shape)
+    if len(shape) == 0:
+        return ()
+    first = _shape(operands[0])
+    if all(_shape(operand) == first for operand in operands):  # the fast set-up path
+        tensors = list(operands)
+        if all(t.is_contiguous() for t in tensors):
+            return make_contiguous_strides_for(shape)
+        if all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+            return make_channels_last_2d_strides_for(shape)
+        if all(is_non_overlapping_and_dense_or_false(t) for t in tensors) and \
+                all(t.stride() == tensors[-1].stride() for t in tensors):
+            return tuple(tensors[-1].stride())
+    return _reordered_strides(shape, [_broadcast_strides(operand, shape) for operand in operands])
+
+
+def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
+    """``reorder_dimensions``: sort dims fastest first by the operands' strides (ties broken by
+    size, ambiguous pairs left in place), then lay the output out densely in that order."""
+    ndim = len(shape)
+
+    def should_swap(dim0: int, dim1: int) -> int:
+        for operand in strides:
+            stride0, stride1 = operand[dim0], operand[dim1]
+            if stride0 == 0 or stride1 == 0:
+                continue
+            if stride0 != stride1:
+                return -1 if stride0 < stride1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    perm = list(range(ndim - 1, -1, -1))
+    for i in range(1, ndim):
+        dim1 = i
+        for dim0 in range(i - 1, -1, -1):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    if perm == list(range(ndim - 1, -1, -1)):
+        return make_contiguous_strides_for(shape)
+    result = [0] * ndim
+    next_stride = 1
+    for dim in perm:
+        result[dim] = next_stride
+        next_stride *= shape[dim]
+    return tuple(result)
+
+
+def relayout(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
+    """``result`` of an elementwise ``op`` restrided as TensorIterator lays it out; other ops' results
+    are returned as they are."""
+    operands = operands_of(op, args, kwargs)
+    if not operands:
+        return result
+    outputs = result if isinstance(result, tuple) else (result,)
+    if not all(isinstance(out, torch.Tensor) for out in outputs) or _symbolic(outputs, operands):
+        return result
+    shape = outputs[0].shape
+    strides = make_contiguous_strides_for(shape) if op in _CONTIGUOUS else tensor_iterator_strides(shape, operands)
+    laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
+                     else out.new_empty_strided(out.shape, strides) for out in outputs)
+    return laid_out if isinstance(result, tuple) else laid_out[0]
+
+
+def _symbolic(outputs: tuple, operands: list) -> bool:
+    return any(isinstance(size, torch.SymInt) for t in (*outputs, *operands) if isinstance(t, torch.Tensor)
+               for size in (*t.shape, *t.stride()))

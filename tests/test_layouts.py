@@ -1,0 +1,143 @@
+"""Result layouts against real CPU execution: elementwise ops (TensorIterator's layout, strides
+compared in full, size-1 dims included), batch norm and convolution (the CPU backends' choice,
+strides compared where they address memory)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxprop
+from fxprop.testing import significant_strides
+from fxprop.rules.elementwise_layout import _operand_arguments
+
+aten = torch.ops.aten
+
+ELEMENTWISE = sorted((getattr(getattr(aten, name), overload) for name in dir(aten)
+                      if isinstance(getattr(aten, name), torch._ops.OpOverloadPacket)
+                      for overload in getattr(aten, name).overloads()
+                      if _operand_arguments(getattr(getattr(aten, name), overload))), key=str)
+
+# Layouts where TensorIterator and torch's python meta kernels part ways, and ordinary ones.
+LAYOUTS = {
+    "size-1 dims, dense": lambda: torch.randn(4).as_strided((1, 1, 2, 1), (2, 1, 1, 1)),
+    "transposed": lambda: torch.randn(3, 4).t(),
+    "transposed with a size-1 dim": lambda: torch.randn(2, 1, 3).transpose(0, 2),
+    "channels_last": lambda: torch.randn(2, 3, 4, 5).permute(0, 2, 3, 1),
+    "strided": lambda: torch.randn(6)[::2],
+    "expanded": lambda: torch.randn(1, 3).expand(2, 3),
+}
+
+
+def _arguments(op, base: torch.Tensor, dtype: torch.dtype) -> tuple[list, dict] | None:
+    """Arguments for ``op``: ``base`` (as ``dtype``) for the first tensor, a broadcast row for the
+    other tensors, a bool mask, small numbers, and the keyword-only arguments with no default
+    (rounding_mode, decimals); None where the schema needs more."""
+    values, keywords = [], {}
+    for position, argument in enumerate(op._schema.arguments):
+        if argument.kwarg_only:
+            if not argument.has_default_value():
+                keywords[argument.name] = "trunc" if "str" in str(argument.type) else 1
+            continue
+        kind = argument.type
+        if isinstance(kind, torch.OptionalType):
+            kind = kind.getElementType()
+        if kind.isSubtypeOf(torch.TensorType.get()):
+            if argument.name in ("mask", "condition"):
+                values.append(base > 0)
+            else:
+                values.append(base.to(dtype) if not values or position % 2 else base[..., :1].to(dtype))
+        elif kind == torch.NumberType.get() or str(kind) == "float":
+            values.append(0.5 if dtype.is_floating_point else 2)
+        elif str(kind) == "int":
+            values.append(1)
+        elif str(kind) == "str":
+            values.append("trunc")
+        elif str(kind) == "bool":
+            values.append(False)
+        else:
+            return None
+    return values, keywords
+
+
+def _graph_of(op, arguments: list, keywords: dict) -> tuple[torch.fx.GraphModule, list]:
+    graph = torch.fx.Graph()
+    tensors = [value for value in arguments if isinstance(value, torch.Tensor)]
+    placeholders = iter([graph.placeholder(f"t{i}") for i in range(len(tensors))])
+    call_args = [next(placeholders) if isinstance(value, torch.Tensor) else value for value in arguments]
+    graph.output(graph.call_function(op, tuple(call_args), keywords))
+    return torch.fx.GraphModule(torch.nn.Module(), graph), tensors
+
+
+@pytest.mark.parametrize("op", ELEMENTWISE, ids=str)
+def test_elementwise_results_are_laid_out_as_tensor_iterator_lays_them_out(op):
+    compared = 0
+    for layout, make in LAYOUTS.items():
+        base = make()
+        for dtype in (torch.float32, torch.int64, torch.bool):
+            made = _arguments(op, base, dtype)
+            if made is None:
+                pytest.skip(f"{op}'s schema needs arguments this table does not make")
+            arguments, keywords = made
+            try:
+                real = op(*arguments, **keywords)
+            except (RuntimeError, TypeError, ValueError):
+                continue  # a dtype the kernel does not implement: try the next one
+            gm, tensors = _graph_of(op, arguments, keywords)
+            result = fxprop.propagate(gm, *tensors)
+            expected = [t.stride() for t in (real if isinstance(real, tuple) else (real,))]
+            got = [t.stride() for t in (result if isinstance(result, tuple) else (result,))]
+            assert got == expected, f"{op} on a {layout} {dtype} input: real strides {expected}, fxprop {got}"
+            compared += 1
+            break
+    assert compared, f"{op}: no layout could be run for real"
+
+
+def _permuted(shape: tuple) -> list[torch.Tensor]:
+    inverse = lambda perm: [perm.index(i) for i in range(len(shape))]  # noqa: E731
+    return [torch.randn([shape[p] for p in perm]).permute(inverse(list(perm)))
+            for perm in itertools.permutations(range(len(shape)))]
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 2), (3, 2, 4), (2, 3, 1, 1), (2, 3, 4, 5), (1, 3, 2, 2, 2), (1, 3, 1, 2)])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_output_layout_on_the_cpu(shape, training):
+    norm = {3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}[len(shape)](shape[1])
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(norm.train(training)))
+    for x in _permuted(shape):
+        expected, got = gm(x), fxprop.propagate(gm, x)
+        assert significant_strides(got.shape, got.stride()) == significant_strides(expected.shape, expected.stride()), (
+            f"input strides {x.stride()}: real {expected.stride()}, fxprop {got.stride()}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("spatial", [2, 3])
+def test_conv_output_layout_follows_the_hosts_backend_choice(dtype, spatial):
+    """The CPU picks oneDNN or the slow kernels by dtype, batch, kernel size, groups, thread count and
+    the host's bf16/fp16 support; each keeps or drops channels_last its own way."""
+    conv, conv_transpose = (F.conv2d, F.conv_transpose2d) if spatial == 2 else (F.conv3d, F.conv_transpose3d)
+    channels_last = torch.channels_last if spatial == 2 else torch.channels_last_3d
+    formats = (torch.contiguous_format, channels_last)
+
+    class Conv(torch.nn.Module):
+        def __init__(self, fn, options):
+            super().__init__()
+            self.fn, self.options = fn, options
+
+        def forward(self, x, w):
+            return self.fn(x, w, **self.options)
+
+    for batch, kernel, options, fn, x_format, w_format in itertools.product(
+            (0, 1, 17), (1, 3), ({}, {"stride": 2}, {"groups": 3}), (conv, conv_transpose), formats, formats):
+        x = torch.randn(batch, 3, *(6,) * spatial, dtype=dtype).contiguous(memory_format=x_format)
+        w = torch.randn(3, 1 if options.get("groups") else 3, *(kernel,) * spatial,
+                        dtype=dtype).contiguous(memory_format=w_format)
+        try:
+            real = fn(x, w, **options)
+        except RuntimeError:
+            continue
+        got = fxprop.propagate(torch.fx.symbolic_trace(Conv(fn, options)), x, w)
+        assert significant_strides(got.shape, got.stride()) == significant_strides(real.shape, real.stride()), (
+            fn.__name__, batch, kernel, options, x_format, w_format, real.stride(), got.stride())
