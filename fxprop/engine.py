@@ -30,6 +30,7 @@ from .devices import default_device_if_set, device_of, logical_default_device, m
 from .context import NodeRecord, Session
 from .dispatch import RuleDispatch
 from .errors import FxpropError, InputError, PropagationError
+from .index_values import IndexValues
 from .modules import StateView
 from .rules.registry import Kind, python_rule, target_name
 from .rules.attention import attention_settings
@@ -236,6 +237,7 @@ class _Run:
         self.attention_settings: tuple = ()
         self.env: dict[torch.fx.Node, Any] = {}
         self.staged: dict[torch.fx.Node, tuple] = {}
+        self.index_values = IndexValues()
         self.reuse_annotations = False
 
     # --- walking ---------------------------------------------------------------------
@@ -321,6 +323,11 @@ class _Run:
             target = node.target
             if not callable(target):
                 raise PropagationError(f"call_function target {target!r} is not callable")
+        value, provenance = self.memoized(node, target, args, kwargs)
+        self.index_values.observe(node, type(target) if node.op == "call_module" else target, args, kwargs, value)
+        return value, provenance
+
+    def memoized(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> tuple[Any, Provenance]:
         key = self.cache_key(node, target, args, kwargs)
         if key is not None:
             entry = self.memo.get(key)

@@ -581,7 +581,7 @@ def _index_select(b):
     x = b.tensor()
     d = b.dim(x)
     size = b.value(x).shape[d] if -b.value(x).dim() <= d < b.value(x).dim() else 1
-    index = b.fn(torch.arange, min(size, b.draw(st.integers(0, 3))))
+    index = b.fn(torch.arange, b.draw(st.integers(0, size + 2)))  # past the end too: fxprop knows arange's values
     return b.fn(torch.index_select, x, d, index)
 
 
@@ -597,8 +597,18 @@ def _getitem_tensor(b):
     x = b.tensor()
     leading = b.draw(st.booleans())
     shape = b.value(x).shape or (1,)
-    index = b.fn(torch.arange, min(shape[0] if leading else shape[-1], 2))  # in range: errors must not hang on values
+    index = b.fn(torch.arange, b.draw(st.integers(0, (shape[0] if leading else shape[-1]) + 1)))
     return b.fn(operator.getitem, x, (index,) if leading else (Ellipsis, index))
+
+
+@op("embedding")
+def _embedding(b):
+    weight = b.tensor()
+    rows = b.value(weight).shape[0] if b.value(weight).dim() else 0
+    index = b.fn(torch.arange, b.draw(st.integers(0, rows + 1)))
+    if b.draw(st.booleans()):
+        index = b.fn(operator.add, index, b.draw(st.integers(-2, 2)))
+    return b.fn(F.embedding, index, weight)
 
 
 @op("index_put")

@@ -89,8 +89,9 @@ def rule(*targets: Any, name: str | None = None) -> Callable[[Callable], Callabl
         def scale(x, factor):
             return torch.empty_like(x)
 
-    An `OpOverloadPacket` registers every overload. Registering a target that already has a
-    rule is an error naming the target.
+    An `OpOverloadPacket` registers every overload. A rule for an `nn.Module` type covers
+    call_module nodes of exactly that type and receives the module (its meta shadow) first.
+    Registering a target that already has a rule is an error naming the target.
     """
     def register(fn: Callable) -> Callable:
         expanded = []

@@ -1,0 +1,160 @@
+"""Bounds on the values of integer index tensors built with ``arange``, checked where they index.
+
+Shapes say nothing about a tensor's values, but ``arange(start, end, step)`` holds exactly
+``start, start + step, ...``: its smallest and largest values are expressions of its
+arguments and its length. Carried through ops that keep values (views, copies, casts,
+adding a number), such bounds reach the ops that index a dim with them -- embedding,
+index_select, indexing -- and become conditions on sizes. A GPT's ``wpe(arange(T))`` needs
+``T <= block_size``: with concrete sizes fxprop raises where real execution would raise, with
+symbolic sizes the condition is one of the run's assumptions. Other index tensors (data) are
+not tracked.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+
+Bounds = tuple[Any, Any]  # (smallest, largest): ints or SymInts
+
+
+def _arange_bounds(args: tuple, kwargs: dict, value: Any) -> Bounds | None:
+    numbers = list(args[:3])
+    if len(numbers) == 1:
+        numbers = [0, numbers[0]]
+    start = kwargs.get("start", numbers[0] if numbers else 0)
+    step = kwargs.get("step", numbers[2] if len(numbers) > 2 else 1)
+    integral = (int, torch.SymInt)
+    if not (isinstance(start, integral) and isinstance(step, int) and step != 0 and isinstance(value, torch.Tensor)
+            and value.dim() == 1 and not value.dtype.is_floating_point and not value.dtype.is_complex):
+        return None
+    last = start + step * (value.shape[0] - 1)
+    return (start, last) if step > 0 else (last, start)
+
+
+def _shifted(sign: int) -> Callable:
+    def shift(bounds: Bounds, args: tuple, kwargs: dict) -> Bounds | None:
+        numbers = [a for a in args if isinstance(a, (int, torch.SymInt)) and not isinstance(a, bool)]
+        if len(args) != 2 or len(numbers) != 1 or kwargs.get("alpha", 1) != 1:
+            return None
+        if sign < 0 and not isinstance(args[0], torch.Tensor):
+            return None  # number - index reverses the order; not tracked
+        return bounds[0] + sign * numbers[0], bounds[1] + sign * numbers[0]
+    return shift
+
+
+def _same(bounds: Bounds, args: tuple, kwargs: dict) -> Bounds:
+    return bounds
+
+
+_ARANGE = {torch.arange, aten.arange.default, aten.arange.start, aten.arange.start_step}
+
+# Ops whose result holds (some of) the values of their first argument, each mapping its bounds.
+_KEEPS_VALUES: dict[Any, Callable] = {
+    **dict.fromkeys(
+        ["unsqueeze", "view", "reshape", "expand", "expand_as", "to", "long", "int", "contiguous", "flatten",
+         "squeeze", "clone", "repeat", "view_as", "reshape_as", "detach", "t", "transpose", "permute",
+         torch.unsqueeze, torch.reshape, torch.flatten, torch.squeeze, torch.clone, torch.t, torch.transpose,
+         torch.permute, torch.detach, operator.getitem,
+         aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten.expand.default, aten._to_copy.default,
+         aten.clone.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor,
+         aten.select.int, aten.permute.default, aten.t.default, aten.transpose.int, aten.detach.default,
+         aten.alias.default, aten._unsafe_view.default, aten.lift_fresh_copy.default], _same),
+    **dict.fromkeys([operator.add, torch.add, "add", aten.add.Tensor, aten.add.Scalar], _shifted(+1)),
+    **dict.fromkeys([operator.sub, torch.sub, "sub", aten.sub.Tensor, aten.sub.Scalar], _shifted(-1)),
+}
+
+
+def _check_index(bounds: Bounds, size: Any, negative_allowed: bool) -> None:
+    smallest, largest = bounds
+    torch._check(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
+    lowest = -size if negative_allowed else 0
+    torch._check(smallest >= lowest, lambda: f"index out of range in self: index {smallest} < {lowest}")
+
+
+class IndexValues:
+    """The bounds known for one propagate run, by node."""
+
+    def __init__(self) -> None:
+        self.bounds: dict[torch.fx.Node, Bounds] = {}
+
+    def observe(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
+        """Check ``node``'s use of known index values, then record the bounds of its own value."""
+        if not self.bounds and target not in _ARANGE:
+            return
+        self._check_uses(node, target, args, kwargs)
+        if target in _ARANGE:
+            bounds = _arange_bounds(args, kwargs, value)
+        else:
+            keep = _KEEPS_VALUES.get(target)
+            source = self.bounds.get(node.args[0]) if keep is not None and node.args else None
+            if source is None and keep is not None and len(node.args) > 1 and target in (operator.add, torch.add,
+                                                                                         "add", aten.add.Tensor):
+                source, args = self.bounds.get(node.args[1]), (args[1], args[0])  # number + index
+            bounds = keep(source, args, kwargs) if source is not None else None
+        if bounds is not None and isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+            self.bounds[node] = bounds
+
+    def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
+        def known(position: int, name: str):
+            argument = node.args[position] if position < len(node.args) else node.kwargs.get(name)
+            return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
+
+        if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
+            bounds = known(0, "input")
+            if bounds is not None:
+                _check_index(bounds, self._module(node).num_embeddings, negative_allowed=False)
+        elif target in (torch.nn.functional.embedding,):
+            bounds = known(0, "input")
+            if bounds is not None:
+                _check_index(bounds, _arg(args, kwargs, 1, "weight").shape[0], negative_allowed=False)
+        elif target is aten.embedding.default:
+            bounds = known(1, "indices")
+            if bounds is not None:
+                _check_index(bounds, args[0].shape[0], negative_allowed=False)
+        elif target in (torch.index_select, "index_select", aten.index_select.default):
+            bounds = known(2, "index")
+            if bounds is not None:
+                source, dim = args[0], _arg(args, kwargs, 1, "dim")
+                _check_index(bounds, source.shape[dim] if source.dim() else 1, negative_allowed=False)
+        elif target is operator.getitem and isinstance(args[0], torch.Tensor) and len(node.args) > 1:
+            for index, dim in _indexed_dims(node.args[1], args[0].dim()):
+                bounds = self.bounds.get(index) if isinstance(index, torch.fx.Node) else None
+                if bounds is not None:
+                    _check_index(bounds, args[0].shape[dim], negative_allowed=True)
+        elif target is aten.index.Tensor:
+            indices = node.args[1] if len(node.args) > 1 else ()
+            for dim, index in enumerate(indices):
+                bounds = self.bounds.get(index) if isinstance(index, torch.fx.Node) else None
+                if bounds is not None:
+                    _check_index(bounds, args[0].shape[dim], negative_allowed=True)
+
+    def _module(self, node: torch.fx.Node) -> torch.nn.Module:
+        return node.graph.owning_module.get_submodule(str(node.target))
+
+
+def _indexed_dims(index: Any, ndim: int) -> list[tuple[Any, int]]:
+    """``x[index]``'s entries paired with the dim of ``x`` each one indexes: entries before an
+    Ellipsis count from the front, entries after it from the back; None indexes no dim."""
+    entries = list(index) if isinstance(index, tuple) else [index]
+    ellipsis = next((i for i, entry in enumerate(entries) if entry is Ellipsis), None)
+    front = entries if ellipsis is None else entries[:ellipsis]
+    back = [] if ellipsis is None else entries[ellipsis + 1:]
+    pairs, dim = [], 0
+    for entry in front:
+        if entry is not None:
+            pairs.append((entry, dim))
+            dim += 1
+    dim = ndim - 1
+    for entry in reversed(back):
+        if entry is not None:
+            pairs.append((entry, dim))
+            dim -= 1
+    return [(entry, dim) for entry, dim in pairs if 0 <= dim < ndim]
+
+
+def _arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    return args[position] if position < len(args) else kwargs[name]

@@ -1,0 +1,83 @@
+"""Index values known from arange: checked like real execution with concrete sizes, assumed with
+symbolic sizes (fxprop/index_values.py)."""
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+
+import fxprop
+from fxprop import TensorSpec, examples
+
+
+class Indexing(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.table = torch.nn.Embedding(8, 3)
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+CASES = {
+    "embedding module of arange(n)": lambda m, x: m.table(torch.arange(x.size(0))),
+    "embedding of arange(start, end)": lambda m, x: m.table(torch.arange(2, x.size(0) + 2)),
+    "embedding of a stepped arange": lambda m, x: m.table(torch.arange(0, x.size(0), 3)),
+    "embedding of a descending arange": lambda m, x: m.table(torch.arange(x.size(0) - 1, -1, -1)),
+    "embedding of arange shifted by a number": lambda m, x: m.table(torch.arange(x.size(0)) + 1),
+    "embedding of number + arange": lambda m, x: m.table(1 + torch.arange(x.size(0))),
+    "embedding of arange minus a number": lambda m, x: m.table(torch.arange(x.size(0)) - 1),
+    "F.embedding of an unsqueezed arange": lambda m, x: F.embedding(torch.arange(x.size(0)).unsqueeze(0),
+                                                                   m.table.weight),
+    "index_select of arange": lambda m, x: torch.index_select(m.table.weight, 0, torch.arange(x.size(0))),
+    "index_select along dim 1": lambda m, x: m.table.weight.index_select(1, torch.arange(x.size(0))),
+    "indexing with arange (negative indices allowed)": lambda m, x: m.table.weight[torch.arange(-x.size(0), 0)],
+    "indexing with a viewed arange": lambda m, x: m.table.weight[torch.arange(x.size(0)).view(-1, 1)],
+    "indexing the last dim after an Ellipsis": lambda m, x: m.table.weight[..., torch.arange(x.size(0))],
+    "indexing dim 1 after a slice": lambda m, x: m.table.weight[:, torch.arange(x.size(0))],
+    "indexing after None": lambda m, x: m.table.weight[None, torch.arange(x.size(0))],
+    "indexing two dims": lambda m, x: m.table.weight[torch.arange(x.size(0)), torch.arange(x.size(0)) - 6],
+}
+
+
+@pytest.mark.parametrize("length", [1, 3, 8, 9, 17])
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_index_values_raise_where_real_execution_raises(case, length):
+    gm = torch.fx.symbolic_trace(Indexing(CASES[case]))
+    x = torch.zeros(length)
+    try:
+        gm(x)
+    except (IndexError, RuntimeError):
+        with pytest.raises(fxprop.PropagationError, match="index out of range") as caught:
+            fxprop.propagate(gm, x)
+        assert "fxprop" not in next(iter(gm.graph.nodes)).meta
+        return
+    fxprop.propagate(gm, x)
+
+
+def test_a_gpt_with_symbolic_length_assumes_its_positions_fit_the_position_table():
+    model, _ = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64))
+    T = sympy.Symbol("T", integer=True, positive=True)
+    block = model.config.block_size
+    [assumption] = [a for a in gm.meta["fxprop"]["assumptions"] if a.free_symbols == {T}]
+    assert assumption.subs(T, block) and not assumption.subs(T, block + 1)
+    with pytest.raises(IndexError):
+        model(torch.zeros(1, block + 1, dtype=torch.int64))
+
+
+def test_a_gpt_longer_than_its_position_table_fails_at_the_position_embedding():
+    model, _ = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model)
+    with pytest.raises(fxprop.PropagationError, match="index out of range") as caught:
+        fxprop.propagate(gm, TensorSpec((1, model.config.block_size + 1), dtype=torch.int64))
+    assert caught.value.node_name == "wpe"
+
+
+def test_a_symbolic_length_that_contradicts_the_table_is_refused():
+    gm = torch.fx.symbolic_trace(Indexing(CASES["embedding module of arange(n)"]))
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(gm, TensorSpec(("N + 8",)))
