@@ -83,25 +83,27 @@ class IndexValues:
 
     def observe(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
         """Check ``node``'s use of known index values, then record the bounds of its own value."""
-        if not self.bounds and target not in _ARANGE:
+        is_arange, keep = target in _ARANGE, _KEEPS_VALUES.get(target)  # FX targets are hashable
+        if not self.bounds and not is_arange:
             return
         self._check_uses(node, target, args, kwargs)
-        if target in _ARANGE:
+        if is_arange:
             bounds = _arange_bounds(args, kwargs, value)
         else:
-            keep = _KEEPS_VALUES.get(target)
-            source = self.bounds.get(node.args[0]) if keep is not None and node.args else None
+            source = self.known(node.args[0]) if keep is not None and node.args else None
             if source is None and keep is not None and len(node.args) > 1 and target in (operator.add, torch.add,
                                                                                          "add", aten.add.Tensor):
-                source, args = self.bounds.get(node.args[1]), (args[1], args[0])  # number + index
+                source, args = self.known(node.args[1]), (args[1], args[0])  # number + index
             bounds = keep(source, args, kwargs) if source is not None else None
         if bounds is not None and isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
             self.bounds[node] = bounds
 
+    def known(self, argument: Any) -> Bounds | None:
+        return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
+
     def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
         def known(position: int, name: str):
-            argument = node.args[position] if position < len(node.args) else node.kwargs.get(name)
-            return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
+            return self.known(node.args[position] if position < len(node.args) else node.kwargs.get(name))
 
         if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
             bounds = known(0, "input")
@@ -122,13 +124,13 @@ class IndexValues:
                 _check_index(bounds, source.shape[dim] if source.dim() else 1, negative_allowed=False)
         elif target is operator.getitem and isinstance(args[0], torch.Tensor) and len(node.args) > 1:
             for index, dim in _indexed_dims(node.args[1], args[0].dim()):
-                bounds = self.bounds.get(index) if isinstance(index, torch.fx.Node) else None
+                bounds = self.known(index)
                 if bounds is not None:
                     _check_index(bounds, args[0].shape[dim], negative_allowed=True)
         elif target is aten.index.Tensor:
             indices = node.args[1] if len(node.args) > 1 else ()
             for dim, index in enumerate(indices):
-                bounds = self.bounds.get(index) if isinstance(index, torch.fx.Node) else None
+                bounds = self.known(index)
                 if bounds is not None:
                     _check_index(bounds, args[0].shape[dim], negative_allowed=True)
 

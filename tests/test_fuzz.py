@@ -1016,6 +1016,9 @@ REGRESSIONS = [
     ("linear upsampling of an empty sample", F.interpolate, (torch.zeros(2, 0, 3), None, 2.0, "linear"), True),
     ("a bool tensor to a bool power, in place, stays bool", torch.Tensor.pow_, (torch.tensor([True, False]), True), False),
     ("an int tensor to a negative int power, in place", torch.Tensor.pow_, (torch.tensor([1, 2]), -1), True),
+    ("angle of a complex tensor is contiguous (campaign seed 1796225002)", torch.angle,
+     (torch.randn(4, dtype=torch.complex64).as_strided((1, 1, 2, 2), (4, 1, 1, 2)),), False),
+    ("angle of a transposed complex tensor", torch.angle, (torch.randn(3, 4, dtype=torch.complex64).t(),), False),
 ]
 
 

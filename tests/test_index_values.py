@@ -81,3 +81,4 @@ def test_a_symbolic_length_that_contradicts_the_table_is_refused():
     gm = torch.fx.symbolic_trace(Indexing(CASES["embedding module of arange(n)"]))
     with pytest.raises(fxprop.PropagationError):
         fxprop.propagate(gm, TensorSpec(("N + 8",)))
+

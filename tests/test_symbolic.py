@@ -455,3 +455,17 @@ def test_item_of_a_real_input_is_its_value():
     gm = traced(lambda x, start: torch.narrow(x, 0, start, 2), "x", "start")
     fxprop.propagate(gm, torch.randn(5, 4), torch.tensor(1))
     assert output_shape(gm) == (2, 4) and gm.meta["fxprop"]["symbols"] == {}
+
+
+def test_gpt_for_cuda_with_symbolic_sizes_on_a_cpu_only_host():
+    """Attention's CUDA backend choice and the device table work on symbolic sizes too; the shapes
+    are those of the CPU run, which the substitution test above checks against real execution."""
+    model, _ = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model.to("meta"))
+    out = fxprop.propagate(gm, TensorSpec(("B", "T"), dtype=torch.int64, device="cuda:0"), param_device="cuda:0")
+    assert out.device == torch.device("cuda:0")
+    assert output_shape(gm) == (B, T, model.config.vocab_size)
+    tensors = [node.meta["val"] for node in gm.graph.nodes if isinstance(node.meta.get("val"), torch.Tensor)]
+    assert tensors and all(t.device == torch.device("cuda:0") for t in tensors)
+    assert any(node.meta["fxprop"].rule.endswith("scaled_dot_product_attention") for node in gm.graph.nodes)
+    assert gm.meta["fxprop"]["assumptions"], "the position table's bound on T"

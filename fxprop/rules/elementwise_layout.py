@@ -33,6 +33,11 @@ _LAID_OUT_BY_THE_KERNEL = {aten.masked_fill.Scalar, aten.mvlgamma.default, aten.
                            aten.frexp.Tensor, aten.conj_physical.default}
 # pow.Scalar(base, exponent) asks for a contiguous result in its meta function.
 _CONTIGUOUS = {aten.pow.Scalar}
+# Of a complex tensor: abs allocates empty_like(self), as the meta kernel does; angle computes a
+# complex result and copies its real part into a fresh contiguous tensor; isinf iterates over
+# the real and imaginary parts (strided views of the input).
+_OF_A_COMPLEX_TENSOR: dict[Any, str] = {aten.abs.default: "the kernel's", aten.angle.default: "contiguous",
+                                        aten.isinf.default: "its real part's"}
 # These call another elementwise op with a python number beside the input (self * pi / 180,
 # clamp(self, min, max)), which takes them off TensorIterator's fast path.
 _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.default, aten.relu6.default}
@@ -153,7 +158,16 @@ def relayout(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) 
     if not all(isinstance(out, torch.Tensor) for out in outputs) or _symbolic(outputs, operands):
         return result
     shape = outputs[0].shape
-    strides = make_contiguous_strides_for(shape) if op in _CONTIGUOUS else tensor_iterator_strides(shape, operands)
+    first = operands[0]
+    of_complex = _OF_A_COMPLEX_TENSOR.get(op) if isinstance(first, torch.Tensor) and first.is_complex() else None
+    if of_complex == "the kernel's":
+        return result
+    if op in _CONTIGUOUS or of_complex == "contiguous":
+        strides = make_contiguous_strides_for(shape)
+    elif of_complex == "its real part's":
+        strides = tensor_iterator_strides(shape, [torch.view_as_real(first).select(-1, 0)])
+    else:
+        strides = tensor_iterator_strides(shape, operands)
     laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
                      else out.new_empty_strided(out.shape, strides) for out in outputs)
     return laid_out if isinstance(result, tuple) else laid_out[0]
