@@ -15,6 +15,7 @@ import operator
 from typing import Any, Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 
@@ -68,7 +69,11 @@ _KEEPS_VALUES: dict[Any, Callable] = {
 }
 
 
-def _check_index(bounds: Bounds, size: Any, negative_allowed: bool) -> None:
+def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowed: bool) -> None:
+    """Every value of ``index`` addresses one of ``size`` entries; an empty index addresses none."""
+    count = index.numel()
+    if not (statically_known_true(count >= 1) if isinstance(count, torch.SymInt) else count >= 1):
+        return
     smallest, largest = bounds
     torch._check(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
     lowest = -size if negative_allowed else 0
@@ -102,37 +107,32 @@ class IndexValues:
         return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
 
     def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
-        def known(position: int, name: str):
-            return self.known(node.args[position] if position < len(node.args) else node.kwargs.get(name))
+        def check(position: int, name: str, size: Any, negative_allowed: bool = False) -> None:
+            in_node = node.args[position] if position < len(node.args) else node.kwargs.get(name)
+            bounds = self.known(in_node)
+            if bounds is not None:
+                _check_index(bounds, _arg(args, kwargs, position, name), size, negative_allowed)
 
         if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
-            bounds = known(0, "input")
-            if bounds is not None:
-                _check_index(bounds, self._module(node).num_embeddings, negative_allowed=False)
+            check(0, "input", self._module(node).num_embeddings)
         elif target in (torch.nn.functional.embedding,):
-            bounds = known(0, "input")
-            if bounds is not None:
-                _check_index(bounds, _arg(args, kwargs, 1, "weight").shape[0], negative_allowed=False)
+            check(0, "input", _arg(args, kwargs, 1, "weight").shape[0])
         elif target is aten.embedding.default:
-            bounds = known(1, "indices")
-            if bounds is not None:
-                _check_index(bounds, args[0].shape[0], negative_allowed=False)
+            check(1, "indices", args[0].shape[0])
         elif target in (torch.index_select, "index_select", aten.index_select.default):
-            bounds = known(2, "index")
-            if bounds is not None:
-                source, dim = args[0], _arg(args, kwargs, 1, "dim")
-                _check_index(bounds, source.shape[dim] if source.dim() else 1, negative_allowed=False)
-        elif target is operator.getitem and isinstance(args[0], torch.Tensor) and len(node.args) > 1:
-            for index, dim in _indexed_dims(node.args[1], args[0].dim()):
-                bounds = self.known(index)
+            source, dim = args[0], _arg(args, kwargs, 1, "dim")
+            check(2, "index", source.shape[dim] if source.dim() else 1)
+        elif target in (operator.getitem, aten.index.Tensor) and isinstance(args[0], torch.Tensor) \
+                and len(node.args) > 1:
+            if target is operator.getitem:
+                entries = zip(_indexed_dims(node.args[1], args[0].dim()), _indexed_dims(args[1], args[0].dim()))
+            else:  # aten.index: one entry per dim, None keeping the dim whole
+                entries = (((entry, dim), (value, dim))
+                           for dim, (entry, value) in enumerate(zip(node.args[1], args[1])))
+            for (in_node, dim), (index, _) in entries:
+                bounds = self.known(in_node)
                 if bounds is not None:
-                    _check_index(bounds, args[0].shape[dim], negative_allowed=True)
-        elif target is aten.index.Tensor:
-            indices = node.args[1] if len(node.args) > 1 else ()
-            for dim, index in enumerate(indices):
-                bounds = self.known(index)
-                if bounds is not None:
-                    _check_index(bounds, args[0].shape[dim], negative_allowed=True)
+                    _check_index(bounds, index, args[0].shape[dim], negative_allowed=True)
 
     def _module(self, node: torch.fx.Node) -> torch.nn.Module:
         return node.graph.owning_module.get_submodule(str(node.target))

@@ -38,6 +38,8 @@ CASES = {
     "indexing the last dim after an Ellipsis": lambda m, x: m.table.weight[..., torch.arange(x.size(0))],
     "indexing dim 1 after a slice": lambda m, x: m.table.weight[:, torch.arange(x.size(0))],
     "indexing after None": lambda m, x: m.table.weight[None, torch.arange(x.size(0))],
+    "embedding of an empty arange, shifted below 0 (campaign seed 1796225519)": lambda m, x: m.table(torch.arange(x.size(0) // 20) - 1),
+    "indexing with an empty slice of arange": lambda m, x: m.table.weight[torch.arange(x.size(0))[x.size(0):]],
     "indexing two dims": lambda m, x: m.table.weight[torch.arange(x.size(0)), torch.arange(x.size(0)) - 6],
 }
 

@@ -20,7 +20,7 @@ from torch._prims_common import (is_non_overlapping_and_dense_or_false, make_cha
                                  make_contiguous_strides_for)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
-# add.Scalar(self, other), pow.Scalar(self, exponent) or special_zeta.self_scalar(self, other) --
+# add.Scalar(self, other), eq.Scalar(self, other) or special_zeta.self_scalar(self, other) --
 # but not alpha, min, max, weight or pow.Tensor_Scalar's exponent.
 _WRAPPED_SCALAR_NAMES = ("self", "other", "x", "n")
 
