@@ -51,12 +51,20 @@ def _same(bounds: Bounds, args: tuple, kwargs: dict) -> Bounds:
     return bounds
 
 
+def _viewed(bounds: Bounds, args: tuple, kwargs: dict) -> Bounds | None:
+    """``view(sizes)`` keeps the values; ``view(dtype)`` reinterprets their bits."""
+    return None if any(isinstance(a, torch.dtype) for a in (*args[1:], *kwargs.values())) else bounds
+
+
+# Integer dtypes that hold any index of a real tensor: a narrower cast may wrap values around.
+_WIDE_ENOUGH = (torch.int64, torch.int32)
+
 _ARANGE = {torch.arange, aten.arange.default, aten.arange.start, aten.arange.start_step}
 
 # Ops whose result holds (some of) the values of their first argument, each mapping its bounds.
 _KEEPS_VALUES: dict[Any, Callable] = {
     **dict.fromkeys(
-        ["unsqueeze", "view", "reshape", "expand", "expand_as", "to", "long", "int", "contiguous", "flatten",
+        ["unsqueeze", "reshape", "expand", "expand_as", "to", "long", "int", "contiguous", "flatten",
          "squeeze", "clone", "repeat", "view_as", "reshape_as", "detach", "t", "transpose", "permute",
          torch.unsqueeze, torch.reshape, torch.flatten, torch.squeeze, torch.clone, torch.t, torch.transpose,
          torch.permute, torch.detach, operator.getitem,
@@ -64,6 +72,7 @@ _KEEPS_VALUES: dict[Any, Callable] = {
          aten.clone.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.slice.Tensor,
          aten.select.int, aten.permute.default, aten.t.default, aten.transpose.int, aten.detach.default,
          aten.alias.default, aten._unsafe_view.default, aten.lift_fresh_copy.default], _same),
+    "view": _viewed,
     **dict.fromkeys([operator.add, torch.add, "add", aten.add.Tensor, aten.add.Scalar], _shifted(+1)),
     **dict.fromkeys([operator.sub, torch.sub, "sub", aten.sub.Tensor, aten.sub.Scalar], _shifted(-1)),
 }
@@ -100,7 +109,7 @@ class IndexValues:
                                                                                          "add", aten.add.Tensor):
                 source, args = self.known(node.args[1]), (args[1], args[0])  # number + index
             bounds = keep(source, args, kwargs) if source is not None else None
-        if bounds is not None and isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+        if bounds is not None and isinstance(value, torch.Tensor) and value.dtype in _WIDE_ENOUGH:
             self.bounds[node] = bounds
 
     def known(self, argument: Any) -> Bounds | None:

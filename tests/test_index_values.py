@@ -59,6 +59,24 @@ def test_index_values_raise_where_real_execution_raises(case, length):
     fxprop.propagate(gm, x)
 
 
+UNTRACKED = {
+    "a narrowing cast wraps values around": lambda m, x: m.table(
+        torch.arange(x.size(0) + 256).to(torch.uint8)[256:].long()),
+    "a view as another dtype reinterprets the values": lambda m, x: m.table(
+        torch.arange(x.size(0) + 4).view(torch.int32)[1::2].long()),
+}
+
+
+@pytest.mark.parametrize("length", [3, 6, 8])
+@pytest.mark.parametrize("case", list(UNTRACKED), ids=list(UNTRACKED))
+def test_values_changed_beyond_arange_bounds_are_not_held_to_them(case, length):
+    """Real execution succeeds here (every index is below 8), though arange's own values are not."""
+    gm = torch.fx.symbolic_trace(Indexing(UNTRACKED[case]))
+    x = torch.zeros(length)
+    gm(x)
+    fxprop.propagate(gm, x)
+
+
 def test_a_gpt_with_symbolic_length_assumes_its_positions_fit_the_position_table():
     model, _ = examples.gpt_example()
     gm = torch.fx.symbolic_trace(model)
