@@ -78,11 +78,15 @@ _KEEPS_VALUES: dict[Any, Callable] = {
 }
 
 
+def _is_zero(count: Any) -> bool:
+    return statically_known_true(count == 0) if isinstance(count, torch.SymInt) else count == 0
+
+
 def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowed: bool) -> None:
     """Every value of ``index`` addresses one of ``size`` entries; an empty index addresses none."""
     count = index.numel()
     if not (statically_known_true(count >= 1) if isinstance(count, torch.SymInt) else count >= 1):
-        return
+        return  # no index, nothing addressed
     smallest, largest = bounds
     torch._check(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
     lowest = -size if negative_allowed else 0
@@ -138,10 +142,13 @@ class IndexValues:
             else:  # aten.index: one entry per dim, None keeping the dim whole
                 entries = (((entry, dim), (value, dim))
                            for dim, (entry, value) in enumerate(zip(node.args[1], args[1])))
+            source = args[0]
             for (in_node, dim), (index, _) in entries:
                 bounds = self.known(in_node)
-                if bounds is not None:
-                    _check_index(bounds, index, args[0].shape[dim], negative_allowed=True)
+                # Indexing gathers nothing from an empty tensor, and checks nothing -- unless the
+                # indexed dim itself has no entries.
+                if bounds is not None and not (_is_zero(source.numel()) and not _is_zero(source.shape[dim])):
+                    _check_index(bounds, index, source.shape[dim], negative_allowed=True)
 
     def _module(self, node: torch.fx.Node) -> torch.nn.Module:
         return node.graph.owning_module.get_submodule(str(node.target))

@@ -2,6 +2,8 @@
 symbolic sizes (fxprop/index_values.py)."""
 from __future__ import annotations
 
+import operator
+
 import pytest
 import sympy
 import torch
@@ -57,6 +59,25 @@ def test_index_values_raise_where_real_execution_raises(case, length):
         assert "fxprop" not in next(iter(gm.graph.nodes)).meta
         return
     fxprop.propagate(gm, x)
+
+
+@pytest.mark.parametrize("shape, raises", [((3, 0), False), ((0, 3), True), ((2, 3), True), ((5, 3), False)])
+def test_indexing_an_empty_tensor_checks_only_an_empty_indexed_dim(shape, raises):
+    """Finding (campaign seed 1796226183): ``x[arange(4)]`` of a (3, 0) tensor gathers nothing and
+    checks nothing on the CPU."""
+    graph = torch.fx.Graph()
+    source = graph.placeholder("x")
+    graph.output(graph.call_function(operator.getitem, (source, graph.call_function(torch.arange, (4,)))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x = torch.zeros(shape)
+    if raises:
+        with pytest.raises(IndexError):
+            gm(x)
+        with pytest.raises(fxprop.PropagationError, match="index out of range"):
+            fxprop.propagate(gm, x)
+    else:
+        gm(x)
+        fxprop.propagate(gm, x)
 
 
 UNTRACKED = {
