@@ -6,14 +6,19 @@
 >>> tuple(out.shape)
 (2, 8)
 """
+from . import rules  # noqa: F401  (registers the hand-written rules)
 from .cache import RuleCache, rule_cache
 from .engine import DEFAULT_FALLBACK_LIMIT_BYTES, Provenance, propagate, repropagate
-from .errors import (DeviceMismatchError, FallbackLimitError, FxpropError, InputError, PropagationError,
-                     RuleRegistrationError)
-from .rules import Kind, Rule, lookup, rule
+from .estimate import Estimate, estimate
+from .errors import (DataDependentError, DeviceMismatchError, FallbackLimitError, FxpropError, InputError,
+                     InternalError, NodeError, PropagationError, RuleRegistrationError, UnsupportedError)
+from .kinds import Kind, Rule
+from .lookup import lookup
+from .registry import registered_rules, rule, unregister
 from .specs import TensorSpec
 from .symbolic import shape_of
 
-__all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "DeviceMismatchError", "FallbackLimitError", "FxpropError",
-           "InputError", "Kind", "PropagationError", "Provenance", "Rule", "RuleCache", "RuleRegistrationError",
-           "TensorSpec", "lookup", "propagate", "repropagate", "rule", "rule_cache", "shape_of"]
+__all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "DataDependentError", "DeviceMismatchError", "Estimate", "FallbackLimitError",
+           "FxpropError", "InputError", "InternalError", "Kind", "NodeError", "PropagationError", "Provenance", "Rule",
+           "RuleCache", "RuleRegistrationError", "TensorSpec", "UnsupportedError", "estimate", "lookup", "propagate",
+           "registered_rules", "repropagate", "rule", "rule_cache", "shape_of", "unregister"]

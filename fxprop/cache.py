@@ -1,22 +1,40 @@
-"""A bounded, thread-safe memo of rule results keyed by target and input signature.
+"""Memoized rule results: a bounded, thread-safe cache keyed by everything a result depends on.
 
-A signature holds everything a rule's result may depend on: for tensors the shape, strides,
-storage offset, dtype, logical device, requires_grad and conj/neg bits; for python values
-their type and value. Two calls share an entry only when all of it matches.
+A key holds the call's target and a signature of every argument -- for tensors the shape,
+strides, storage offset, dtype, logical device, ``requires_grad``, whether it is a leaf and
+its conj/neg bits; for python values their type and value -- and the environment the rules
+read (`fxprop.backend_flags`: grad mode, default dtype, the oneDNN, cuDNN and SDPA backend
+flags), the default device and the rule registry's generation. Calls that mutate (in-place ops, ``out=``,
+``inplace=True``), calls with side effects, calls on inputs whose values are known (a rule
+may read them), calls by targets the user defined (a cache entry would keep them alive),
+and symbolic calls are never memoized.
+
+A hit replays what the call cost: fallback bytes count against the call's cap again. With
+``cache="verify"`` (or ``FXPROP_CACHE_VERIFY=1``) every hit is recomputed and compared.
 """
 from __future__ import annotations
 
+import operator
+import os
 import threading
+from dataclasses import dataclass
 from typing import Any, Hashable
 
 import torch
 
-from .devices import device_of
+from .devices import device_of, tag
+from .devices.transfers import tensors_in
+from .errors import FallbackLimitError
+from .torch_compat import DelayedError, OpOverload, OpOverloadPacket, is_view, set_grad_enabled_op, view_base
+
+VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
 
 class Uncacheable(Exception):
     """A value whose identity, not its content, matters; calls on it are not memoized."""
 
+
+# --- signatures --------------------------------------------------------------------------
 
 _PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.memory_format,
           torch.layout, type(Ellipsis))
@@ -27,7 +45,7 @@ def _tensor_signature(value: torch.Tensor) -> Hashable:
         raise Uncacheable
     bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
     return (value.shape, value.stride(), value.storage_offset(), value.dtype, device_of(value),
-            value.requires_grad, bits)
+            value.requires_grad, value.requires_grad and value.is_leaf, bits)
 
 
 def _sequence_signature(value: tuple | list) -> Hashable:
@@ -64,6 +82,8 @@ def signature(value: Any) -> Hashable:
     raise Uncacheable
 
 
+# --- the cache ---------------------------------------------------------------------------
+
 class RuleCache:
     """A bounded map from call signatures to recorded results; the oldest entries go first.
 
@@ -73,6 +93,9 @@ class RuleCache:
     """
 
     def __init__(self, max_entries: int = 8192):
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            from .errors import InputError
+            raise InputError(f"RuleCache max_entries must be a positive int, got {max_entries!r}")
         self.max_entries = max_entries
         self._entries: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
@@ -110,3 +133,215 @@ class RuleCache:
 
 
 rule_cache = RuleCache()
+
+
+def verify_by_default() -> bool:
+    return os.environ.get(VERIFY_ENVIRONMENT_VARIABLE, "") not in ("", "0")
+
+
+# --- what may be memoized -------------------------------------------------------------------
+
+_IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
+                                  "ipow", "irshift", "isub", "itruediv", "ixor"})
+_TORCH_MODULES = ("torch", "_operator", "operator", "math", "builtins")
+_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, set_grad_enabled_op, print,
+                           getattr(torch, "_assert_async", print)})
+_IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
+                             "data_ptr", "untyped_storage", "storage"})
+_purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
+
+
+def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the result depends only on the arguments and changes nothing (and the target is
+    torch's own, so an entry keeps no user object alive)."""
+    if kwargs.get("out") is not None or kwargs.get("inplace") is True:
+        return False
+    if op == "call_module":
+        return type(target).__module__.startswith("torch.nn.") and not getattr(target, "inplace", False)
+    key = (op, target)
+    try:
+        return _purity[key]
+    except KeyError:
+        pure = _judge_purity(op, target)
+        if pure or _is_torch_target(target):
+            _purity[key] = pure
+        return pure
+    except TypeError:
+        return False
+
+
+def _is_torch_target(target: Any) -> bool:
+    return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
+        (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
+
+
+def _judge_purity(op: str, target: Any) -> bool:
+    if op == "call_method":
+        return isinstance(target, str) and not target.endswith("_") and target not in _IMPURE_METHODS
+    if isinstance(target, OpOverload):
+        return not target._schema.is_mutable and torch.Tag.nondeterministic_bitwise not in target.tags
+    if isinstance(target, OpOverloadPacket):
+        return not any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    if target in _IMPURE_CALLS:
+        return False
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", "") or ""
+    if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
+        return False
+    return module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
+
+
+# --- recipes: results stored without holding any tensor -----------------------------------------
+
+@dataclass(frozen=True)
+class TensorRecord:
+    shape: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    requires_grad: bool
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class AliasRecord:
+    """A result that is an input itself (``view`` None) or a view of one: rebuilt as a view of
+    the new call's input, so that autograd and in-place ops see the alias as torch would."""
+    index: int
+    view: TensorRecord | None
+
+
+@dataclass(frozen=True)
+class SequenceRecord:
+    kind: type
+    parts: tuple
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A memoized result and what the call cost."""
+    recipe: Any
+    provenance: Any
+    mentions_alias: bool
+
+
+def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
+    """An immutable description of a result, or None when it holds something that cannot be shared."""
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            return None
+        for index, tensor in enumerate(inputs):
+            if value is tensor:
+                return AliasRecord(index, None)
+        record = TensorRecord(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+                              value.requires_grad, device_of(value))
+        if not is_view(value):
+            return record
+        aliased = [index for index, tensor in enumerate(inputs) if _same_base(value, tensor)]
+        if not aliased:
+            return record  # a view of an intermediate the graph never sees: a fresh tensor is as good
+        index = aliased[0]
+        if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
+            return None
+        return AliasRecord(index, record)
+    if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
+                          torch.memory_format, torch.layout)):
+        return value
+    if isinstance(value, (tuple, list)):
+        parts = [recipe(item, inputs) for item in value]
+        if any(part is None and item is not None for part, item in zip(parts, value)):
+            return None
+        return SequenceRecord(type(value), tuple(parts))
+    return None
+
+
+def mentions_alias(recipe: Any) -> bool:
+    if isinstance(recipe, AliasRecord):
+        return True
+    return isinstance(recipe, SequenceRecord) and any(mentions_alias(part) for part in recipe.parts)
+
+
+def _same_base(view: torch.Tensor, tensor: torch.Tensor) -> bool:
+    base = view_base(view)
+    return tensor is base or (is_view(tensor) and view_base(tensor) is base)
+
+
+def rebuild(recipe: Any, inputs: list[torch.Tensor]) -> Any:
+    """A fresh value from a recipe, aliasing ``inputs`` where the recorded result did."""
+    if isinstance(recipe, TensorRecord):
+        return tag(_fresh_meta(recipe), recipe.device)
+    if isinstance(recipe, AliasRecord):
+        source = inputs[recipe.index]
+        if recipe.view is None:
+            return source
+        view = recipe.view
+        return tag(source.as_strided(view.shape, view.stride, view.offset), view.device)
+    if isinstance(recipe, SequenceRecord):
+        items = [rebuild(part, inputs) for part in recipe.parts]
+        if recipe.kind is list:
+            return items
+        if recipe.kind is tuple:
+            return tuple(items)
+        if hasattr(recipe.kind, "_fields"):
+            return recipe.kind(*items)
+        return recipe.kind(items)
+    return recipe
+
+
+def _fresh_meta(record: TensorRecord) -> torch.Tensor:
+    if record.offset:
+        extent = record.offset + 1 + sum((s - 1) * st for s, st in zip(record.shape, record.stride) if s)
+        meta = torch.empty(extent, dtype=record.dtype, device="meta").as_strided(record.shape, record.stride, record.offset)
+    else:
+        meta = torch.empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
+    if record.requires_grad:
+        # A result of an op is not a leaf: in-place ops on it must stay legal, as they are in torch.
+        meta = DelayedError("fxprop: no gradients through propagation results", 1)(meta.requires_grad_(True))
+    return meta
+
+
+def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
+    """Whether two results of one call have the same recipe (the verify mode's comparison)."""
+    return recipe(first, inputs) == recipe(second, inputs)
+
+
+class CallMemo:
+    """The cache slot of one call: its key, how a hit is rebuilt, and the cost a hit replays."""
+
+    def __init__(self, cache: RuleCache, key: Hashable):
+        self.cache = cache
+        self.key = key
+
+    @staticmethod
+    def for_call(cache: RuleCache, op: str, target: Any, target_key: Any, args: tuple, kwargs: dict,
+                 context: Hashable) -> "CallMemo | None":
+        """``target_key()`` stands for the target in the key (a module: its state's signature);
+        ``context`` is everything else a result depends on (grad mode, backend flags, ...)."""
+        if not is_pure(op, target, args, kwargs):
+            return None
+        try:
+            key = (op, target_key(), signature(args), signature(kwargs), context)
+            hash(key)
+        except (Uncacheable, TypeError):
+            return None
+        return CallMemo(cache, key)
+
+    def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any] | None:
+        """(result, provenance) of an earlier identical call, or None. A hit whose first run needed
+        the fallback costs what that run cost: over ``fallback_limit_bytes`` it raises as that run would."""
+        entry = self.cache.get(self.key)
+        if entry is None:
+            return None
+        provenance = entry.provenance
+        if provenance.fallback_bytes > fallback_limit_bytes:
+            raise FallbackLimitError(
+                f"{provenance.rule}: running it on real tensors needs {provenance.fallback_bytes:,} bytes, over the "
+                f"fallback limit of {fallback_limit_bytes:,} bytes (raise it with propagate(..., "
+                "fallback_limit_bytes=N) or register a rule)")
+        inputs = tensors_in(args, kwargs) if entry.mentions_alias else []
+        return rebuild(entry.recipe, inputs), provenance
+
+    def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any) -> None:
+        described = recipe(value, tensors_in(args, kwargs))
+        if described is not None:
+            self.cache.put(self.key, Entry(described, provenance, mentions_alias(described)))

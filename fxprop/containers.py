@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from .torch_compat import FakeTensor, FakeTensorMode, make_subclass, set_throw_on_mutable_data_ptr
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
@@ -31,9 +31,9 @@ class FakeTensorFactory:
             fake = FakeTensor(self.mode, meta, device, requires_grad=meta.requires_grad)
             self._state = dict(fake.__dict__)
             return fake
-        fake = torch.Tensor._make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True,
+        fake = make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True,
                                            device_for_backend_keys=device)
-        torch._C._set_throw_on_mutable_data_ptr(fake)
+        set_throw_on_mutable_data_ptr(fake)
         fake.__dict__.update(self._state)
         if "_fake_device" in self._state:
             fake.__dict__["_fake_device"] = device  # already normalized by fxprop.devices

@@ -3,26 +3,25 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
-from .rules.registry import Kind
-
-_STRENGTH = {Kind.PYTHON: 0, Kind.META: 1, Kind.DECOMPOSITION: 2, Kind.FALLBACK: 3}
+from .kinds import Kind, costlier
+from .torch_compat import _disable_current_modes
 
 
 @dataclass
 class NodeRecord:
-    """What one node needed: the most expensive rule kind reached, its name, and host bytes."""
+    """What one node needed: the costliest rule its ops reached, host bytes, its logical device."""
+    device: torch.device | None = None
     kind: Kind | None = None
     rule: str = ""
     fallback_bytes: int = 0
-    device: torch.device | None = None
 
-    def note(self, kind: Kind, rule: str, fallback_bytes: int = 0) -> None:
-        if self.kind is None or _STRENGTH[kind] > _STRENGTH[self.kind]:
+    def note(self, kind: Kind, rule: str) -> None:
+        if costlier(self.kind, kind) is not self.kind:
             self.kind, self.rule = kind, rule
-        self.fallback_bytes += fallback_bytes
 
 
 @dataclass
@@ -31,6 +30,7 @@ class Session:
     fallback_limit_bytes: int
     real_values: dict[int, torch.Tensor] = field(default_factory=dict)
     record: NodeRecord = field(default_factory=NodeRecord)
+    walk_subgraph: Callable[[Any, list], Any] | None = None  # propagates a subgraph, annotating its nodes
 
 
 _local = threading.local()
@@ -53,9 +53,6 @@ def node_device() -> torch.device | None:
     return session.record.device if session is not None else None
 
 
-
-
 def on_host():
     """Leave fxprop's dispatch for a moment, for a rule that must ask the host's own kernels."""
-    from torch.utils._python_dispatch import _disable_current_modes
     return _disable_current_modes()

@@ -1,24 +1,29 @@
 """Running ops on meta tensors with fxprop's rules in charge of every aten op they reach.
 
 `RuleDispatch` is a TorchDispatchMode: autograd runs above it (so ``requires_grad`` comes out
-as torch computes it), and each aten overload that arrives is resolved by
-`fxprop.rules.shape_rule` and run as a python rule, a meta kernel, a decomposition or the
-host fallback. What each node needed is noted in a `NodeRecord`.
+as torch computes it), and each aten op that arrives is resolved by `fxprop.resolution.resolve`
+and run by its kind. Rules whose own ops must be resolved again (python rules,
+decompositions, composite kernels) run with the mode re-entered, one level deeper; the
+node's record notes the kinds of the ops reached at the top level (a composite's parts) and
+the fallback bytes of every level.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import symbolic
-from .context import Session, swap_session
+from .context import Session
 from .devices import META
-from .rules import elementwise_layout
-from .rules.fallback import run_on_host
-from .rules.registry import Kind, Rule, decomposition_for, shape_rule
+from .errors import UnsupportedError
+from .kinds import Kind, Rule
+from .kinds.decomposition import run_composite_kernel, run_decomposition
+from .kinds.fallback import run_on_host
+from .kinds.meta import run_meta
+from .resolution import resolve
+from .torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode
 
 
 class RuleDispatch(TorchDispatchMode):
@@ -26,60 +31,77 @@ class RuleDispatch(TorchDispatchMode):
         super().__init__()
         self.session = session
         self.symbols = symbolic.current()
-        self._outer_sessions: list[Session | None] = []
+        self.depth = 0
+        self.noted_depth = 0  # the record notes the ops at depths up to this: a node's parts, and a composite's
+        self.in_progress: tuple = ()
+        self.pushed = False  # whether the mode is on torch's dispatch stack now (torch pops it while it dispatches)
 
     def __enter__(self):
-        self._outer_sessions.append(swap_session(self.session))
+        self.pushed = True
         return super().__enter__()
 
     def __exit__(self, *exc):
-        swap_session(self._outer_sessions.pop())
+        self.pushed = False
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        args, kwargs = _onto_meta(args, kwargs or {})
-        if self.symbols.active:
-            return self.apply_symbolic(func, args, kwargs)
-        return self.apply(func, shape_rule(func), args, kwargs)
+        was_pushed, self.pushed = self.pushed, False
+        try:
+            return self.dispatch(func, args, kwargs or {})
+        finally:
+            self.pushed = was_pushed
 
-    def apply_symbolic(self, func, args: tuple, kwargs: dict) -> Any:
-        """Once sizes are symbolic: fxprop's broadcasting for pointwise ops, torch's python
-        dispatcher (it holds the symbolic meta kernels), and a clear error where a kernel cannot
-        decide a size condition."""
-        if torch.Tag.pointwise in func.tags and not func._schema.is_mutable:
+    def dispatch(self, func, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = _onto_meta(args, kwargs)
+        if self.symbols.active and torch.Tag.pointwise in func.tags and not func._schema.is_mutable:
             args, kwargs = symbolic.broadcast_inputs(args, kwargs)
+        rule = resolve(func, args, kwargs, in_progress=self.in_progress)
+        if self.depth <= self.noted_depth:
+            self.session.record.note(rule.kind, rule.name)
+        if not self.symbols.active:
+            return self.run(func, rule, args, kwargs)
         try:
             with symbolic.python_dispatcher():
-                return self.apply(func, shape_rule(func), args, kwargs)
-        except GuardOnDataDependentSymNode as error:
+                return self.run(func, rule, args, kwargs)
+        except DATA_DEPENDENT_ERRORS as error:
             raise symbolic.undecidable(func, args, kwargs, error) from error
 
-    def apply(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
-        record = self.session.record
-        if rule.kind is Kind.META:
-            try:
-                result = func(*args, **kwargs)
-            except NotImplementedError:
-                decomposition = decomposition_for(func)
-                rule = (Rule(Kind.DECOMPOSITION, rule.name, decomposition) if decomposition is not None
-                        else Rule(Kind.FALLBACK, rule.name))
+    def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
+        kind = rule.kind
+        if kind is Kind.META:
+            return run_meta(func, args, kwargs)
+        if kind is Kind.FALLBACK:
+            result, used = run_on_host(func, args, kwargs, limit_bytes=self.session.fallback_limit_bytes,
+                                       real_values=self.session.real_values)
+            self.session.record.fallback_bytes += used
+            return result
+        if kind is Kind.UNSUPPORTED:
+            raise UnsupportedError(rule.name)
+        with self.running(func, composite=rule.composite):
+            if kind is Kind.PYTHON:
+                return rule.fn(*args, **kwargs)
+            if isinstance(rule.fn, str):  # a C++ composite kernel, named by its dispatch key
+                return run_composite_kernel(func, rule.fn, args, kwargs)
+            return run_decomposition(func, rule.fn, args, kwargs)
+
+    @contextlib.contextmanager
+    def running(self, target: Any, composite: bool = False):
+        """Run a rule whose own ops are resolved again: one level deeper, ``target`` in progress. The
+        parts of a composite the node reached directly count towards the node's kind."""
+        outer, outer_noted = self.in_progress, self.noted_depth
+        if composite and self.depth == self.noted_depth:
+            self.noted_depth += 1
+        self.depth += 1
+        self.in_progress = (*outer, target)
+        try:
+            if self.pushed:
+                yield
             else:
-                record.note(Kind.META, rule.name)
-                return elementwise_layout.relayout(func, args, kwargs, result)
-        if rule.kind is Kind.PYTHON:
-            record.note(Kind.PYTHON, rule.name)
-            return elementwise_layout.relayout(func, args, kwargs, rule.fn(*args, **kwargs))
-        if rule.kind is Kind.DECOMPOSITION:
-            record.note(Kind.DECOMPOSITION, rule.name)
-            with self:
-                result = rule.fn(*args, **kwargs)
-            return elementwise_layout.relayout(func, args, kwargs, result)
-        if self.symbols.active:
-            symbolic.refuse_fallback(func, args, kwargs)
-        result, used = run_on_host(func, args, kwargs, limit_bytes=self.session.fallback_limit_bytes,
-                                   real_values=self.session.real_values)
-        record.note(Kind.FALLBACK, rule.name, used)
-        return result
+                with self:
+                    yield
+        finally:
+            self.depth -= 1
+            self.in_progress, self.noted_depth = outer, outer_noted
 
 
 def _onto_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -15,7 +15,7 @@ import operator
 from typing import Any, Callable
 
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+from .torch_compat import check_index, statically_known_true
 
 aten = torch.ops.aten
 
@@ -88,9 +88,9 @@ def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowe
     if not (statically_known_true(count >= 1) if isinstance(count, torch.SymInt) else count >= 1):
         return  # no index, nothing addressed
     smallest, largest = bounds
-    torch._check(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
+    check_index(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
     lowest = -size if negative_allowed else 0
-    torch._check(smallest >= lowest, lambda: f"index out of range in self: index {smallest} < {lowest}")
+    check_index(smallest >= lowest, lambda: f"index out of range in self: index {smallest} < {lowest}")
 
 
 class IndexValues:

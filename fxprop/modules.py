@@ -3,10 +3,14 @@
 `StateView` turns each parameter, buffer and tensor attribute into a meta tensor once per
 `propagate` call, and builds shadow copies of modules whose state points at those meta
 tensors, so running a module (BatchNorm's running-stat updates included) leaves the user's
-module untouched.
+module untouched. A shadow is an instance of the module's own class (its forward, hooks and
+properties work as on the original); the lists, tuples, dicts and sets it holds are copies, so
+nothing the module appends or increments reaches the user's objects.
 """
 from __future__ import annotations
 
+import collections
+import copy
 import weakref
 from typing import Any, Hashable
 
@@ -18,6 +22,7 @@ from .devices import normalize_device, tag
 from .specs import meta_like
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
+_PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 
 class StateView:
@@ -58,22 +63,31 @@ class StateView:
         found = self._shadows.get(id(module))
         if found is not None:
             return found
-        clone = module.__class__.__new__(module.__class__)
+        # object.__new__, not the class's own __new__: GraphModule.__new__ makes a new class per call.
+        clone = object.__new__(type(module))
         self._shadows[id(module)] = clone
         self._keepalive.append(module)
-        state = dict(module.__dict__)
+        state = {key: self._detached(item) for key, item in module.__dict__.items() if key not in _STATE_SLOTS}
         state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in module._parameters.items()}
         state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in module._buffers.items()}
         state["_modules"] = {k: None if m is None else self.shadow(m) for k, m in module._modules.items()}
-        for key, item in module.__dict__.items():
-            if key in _STATE_SLOTS:
-                continue
-            if isinstance(item, torch.Tensor):
-                state[key] = self.tensor(item)
-            elif isinstance(item, (list, tuple)) and item and all(isinstance(t, torch.Tensor) for t in item):
-                state[key] = type(item)(self.tensor(t) for t in item)
         clone.__dict__ = state
         return clone
+
+    def _detached(self, item: Any) -> Any:
+        """``item`` as a shadow holds it: tensors as meta stand-ins, modules as shadows, containers copied."""
+        if isinstance(item, torch.Tensor):
+            return self.tensor(item)
+        if isinstance(item, nn.Module):
+            return self.shadow(item)
+        if type(item) in (list, tuple, set, frozenset):
+            return type(item)(self._detached(part) for part in item)
+        if isinstance(item, dict) and type(item) in _PLAIN_DICTS:
+            copied = copy.copy(item)
+            for key, part in item.items():
+                copied[key] = self._detached(part)
+            return copied
+        return item
 
     def state_tensors(self, module: nn.Module) -> list[torch.Tensor]:
         """Every parameter and buffer of a module, as meta stand-ins."""

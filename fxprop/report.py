@@ -23,7 +23,7 @@ import torch
 from .source import source_location
 from .symbolic import user_shape
 import torch.fx
-import torch.utils._pytree as pytree
+from .torch_compat import pytree
 
 NODE_HEADER = ("node", "op", "rule kind", "shape", "dtype", "device")
 SOURCE_HEADER = (*NODE_HEADER, "source")
@@ -87,7 +87,7 @@ def node_rows(gm: torch.fx.GraphModule, source: bool = False) -> list[tuple[str,
     rows = []
     for node in gm.graph.nodes:
         provenance = node.meta.get("fxprop")
-        row = (node.name, op_text(node), provenance.kind if provenance else "", *describe_value(node.meta.get("val")))
+        row = (node.name, op_text(node), provenance.kind.value if provenance else "", *describe_value(node.meta.get("val")))
         rows.append((*row, source_text(node)) if source else row)
     return rows
 
@@ -130,8 +130,10 @@ def node_records(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
             "op": node.op,
             "target": op_text(node).partition(":")[2] or str(node.target),
             "args": [arg.name for arg in node.all_input_nodes],
-            "kind": provenance.kind if provenance else None,
+            "kind": provenance.kind.value if provenance else None,
             "rule": provenance.rule if provenance else None,
+            "device_rule": provenance.device_rule if provenance else None,
+            "via": provenance.via if provenance else None,
             "fallback_bytes": provenance.fallback_bytes if provenance else 0,
             "outputs": [tensor_record(t) for t in tensors],
             "value": None if tensors else _short_repr(value),
@@ -147,11 +149,11 @@ def _short_repr(value: Any) -> str:
 
 
 def device_transfers(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
-    """Nodes of kind "device" whose result lives on a device none of their tensor inputs is on."""
+    """Nodes placed by a device rule whose result lives on a device none of their tensor inputs is on."""
     transfers = []
     for node in gm.graph.nodes:
         provenance = node.meta.get("fxprop")
-        if provenance is None or provenance.kind != "device":
+        if provenance is None or getattr(provenance, "device_rule", None) is None:
             continue
         sources = list(dict.fromkeys(d for arg in node.all_input_nodes for d in devices_of(arg)))
         targets = devices_of(node)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from .torch_compat import FakeTensor
 
 from . import symbolic
 from .devices import device_of, normalize_device, tag
@@ -93,14 +93,21 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def meta_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A fresh leaf meta tensor with ``tensor``'s metadata, tagged with ``device``."""
+    """A fresh meta tensor with ``tensor``'s metadata, tagged with ``device``. A tensor that
+    requires grad and is not a leaf (the output of an earlier op) stays a non-leaf, since
+    autograd treats the two differently (an in-place op on a leaf that requires grad raises)."""
     offset = tensor.storage_offset()
-    if offset:
+    if tensor.requires_grad and not tensor.is_leaf:
+        extent = offset + 1 + sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s)
+        leaf = torch.empty(extent, dtype=tensor.dtype, device="meta", requires_grad=True)
+        with torch.enable_grad():
+            meta = leaf.clone().as_strided(tensor.shape, tensor.stride(), offset)
+    elif offset:
         extent = offset + 1 + sum((s - 1) * st for s, st in zip(tensor.shape, tensor.stride()) if s)
         meta = torch.empty(extent, dtype=tensor.dtype, device="meta").as_strided(tensor.shape, tensor.stride(), offset)
     else:
         meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    if tensor.requires_grad:
+    if tensor.requires_grad and meta.is_leaf:
         meta.requires_grad_(True)
     return tag(meta, device)
 

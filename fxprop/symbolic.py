@@ -26,7 +26,9 @@ fresh data-dependent symbols are renumbered ``u0``, ``u1``, ... in the order the
 """
 from __future__ import annotations
 
+import ast
 import contextlib
+import operator
 import re
 import threading
 from dataclasses import dataclass
@@ -35,7 +37,8 @@ from typing import Any, Iterable
 import sympy
 import torch
 
-from .errors import InputError, PropagationError
+from . import torch_compat
+from .errors import DataDependentError, InputError, InternalError, PropagationError, UnsupportedError
 
 MAX_EXPR_OPS = 256
 """The largest expression (in sympy operations) fxprop keeps; a bigger one raises."""
@@ -61,7 +64,7 @@ def resolve(condition: Any, default: bool | None = None) -> bool | None:
         node = condition.node
         if node.expr.is_Boolean and node.expr in (sympy.true, sympy.false):
             return bool(node.expr)
-        found = node.shape_env._maybe_evaluate_static(node.expr)
+        found = torch_compat.evaluate_statically(node.shape_env, node.expr)
         return bool(found) if found is not None else default
     if isinstance(condition, sympy.Basic):
         simplified = sympy.simplify(condition)
@@ -173,7 +176,11 @@ def _relation(kind, a: Any, b: Any):
 def _as_sympy(value: Any) -> Any:
     if isinstance(value, torch.SymInt):
         return value.node.expr
-    return sympy.sympify(value)
+    if isinstance(value, (bool, int)):
+        return sympy.Integer(value)
+    if isinstance(value, sympy.Basic):
+        return value
+    raise InternalError(f"not a size: {value!r}")
 
 
 # --- the user's symbols ---------------------------------------------------------------
@@ -224,14 +231,45 @@ def check_dim(dim: Any, shape: tuple) -> None:
                      f"in shape {shape}")
 
 
+_MAX_DIM_TEXT = 200
+_MAX_EXPONENT = 8
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+              ast.FloorDiv: lambda a, b: sympy.floor(a / b), ast.Mod: sympy.Mod}
+
+
 def _parse(text: str, shape: tuple) -> sympy.Expr:
+    """A dim string as a size expression. The grammar is names, integers, ``+ - * // %``, a
+    small integer power and parentheses; the text is parsed, never evaluated."""
+    def refuse(why: str) -> InputError:
+        return InputError(f"TensorSpec dim {text!r} is not a size expression ({why}) in shape {shape}; "
+                          "a dim string is made of names, integers, + - * // % ** and parentheses")
+
+    if len(text) > _MAX_DIM_TEXT:
+        raise refuse(f"longer than {_MAX_DIM_TEXT} characters")
     try:
-        expr = sympy.sympify(text, locals={name: user_symbol(name) for name in re.findall(r"[A-Za-z_]\w*", text)})
-    except (sympy.SympifyError, SyntaxError, TypeError) as error:
-        raise InputError(f"TensorSpec dim {text!r} is not a size expression ({error}) in shape {shape}") from None
-    if not isinstance(expr, sympy.Expr):
-        raise InputError(f"TensorSpec dim {text!r} is not a size expression in shape {shape}")
-    return expr
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise refuse("not valid syntax") from None
+
+    def build(node: ast.AST) -> sympy.Expr:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return sympy.Integer(node.value)
+        if isinstance(node, ast.Name):
+            return user_symbol(node.id)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            operand = build(node.operand)
+            return -operand if isinstance(node.op, ast.USub) else operand
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exponent = node.right
+            if not (isinstance(exponent, ast.Constant) and type(exponent.value) is int
+                    and 0 <= exponent.value <= _MAX_EXPONENT):
+                raise refuse(f"an exponent must be an integer from 0 to {_MAX_EXPONENT}")
+            return build(node.left) ** exponent.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](build(node.left), build(node.right))
+        raise refuse(f"{type(node).__name__} is not allowed")
+
+    return build(tree.body)
 
 
 class SymbolicSession:
@@ -249,7 +287,7 @@ class SymbolicSession:
 
     def start(self):
         if self is _INACTIVE:
-            raise PropagationError("symbolic sizes exist only inside fxprop.propagate / fxprop.repropagate")
+            raise InternalError("symbolic sizes exist only inside fxprop.propagate / fxprop.repropagate")
         if self.env is None:
             from torch.fx.experimental.symbolic_shapes import ShapeEnv
             self.env = ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
@@ -260,7 +298,7 @@ class SymbolicSession:
     @property
     def fake_mode(self):
         if self._fake_mode is None:
-            from torch._subclasses.fake_tensor import FakeTensorMode
+            from .torch_compat import FakeTensorMode
             self._fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=self.start())
         return self._fake_mode
 
@@ -287,7 +325,7 @@ class SymbolicSession:
             symbol = user_symbol(symbol.name)  # a plain Symbol("B"): sizes are positive integers
         env = self.start()
         symint = env.create_unbacked_symint()
-        env._constrain_range_for_size(symint.node.expr, min=lower)
+        torch_compat.constrain_size(env, symint.node.expr, lower)
         self.by_name[symbol.name] = (symbol, symint)
         self.to_user[symint.node.expr] = symbol
         self.infos[symint.node.expr] = SymbolInfo(symbol, lower, sympy.oo)
@@ -296,7 +334,7 @@ class SymbolicSession:
     # data-dependent symbols
     def fresh_size(self, upper: Any, lower: int = 0) -> torch.SymInt:
         """A new size no static pass can know: lower <= u <= upper (an int, a SymInt, or None: unbounded)."""
-        from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
+        from .torch_compat import _constrain_range_for_size
         env = self.start()
         symint = env.create_unbacked_symint()
         if upper is None:
@@ -388,7 +426,7 @@ class SymbolicSession:
             return
         ops = sympy.count_ops(expr)
         if ops > MAX_EXPR_OPS:
-            raise PropagationError(
+            raise UnsupportedError(
                 f"symbolic size expression too large: {ops} operations, over the cap of "
                 f"fxprop.symbolic.MAX_EXPR_OPS = {MAX_EXPR_OPS} (expression starts {str(self.user(expr))[:120]}...)")
         self._sizes_checked.add(expr)
@@ -400,8 +438,8 @@ class SymbolicSession:
 
     def adopt(self, staged: dict) -> None:
         """Make every FakeTensor of the run belong to the one FakeTensorMode that holds the ShapeEnv."""
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.utils._pytree import tree_leaves
+        from .torch_compat import FakeTensor, pytree
+        tree_leaves = pytree.tree_leaves
         mode = self.fake_mode
         for entry in staged.values():
             for leaf in tree_leaves(entry[0]):
@@ -430,7 +468,7 @@ def _small(relation: sympy.Basic) -> sympy.Basic:
 
 def _plain(expr: sympy.Basic) -> sympy.Basic:
     """torch's integer functions (FloorDiv, PythonMod, ...) as plain sympy."""
-    from torch.utils._sympy import functions as F
+    from .torch_compat import sympy_functions as F
     replacements = {
         "FloorDiv": lambda a, b: sympy.floor(a / b),
         "CleanDiv": lambda a, b: a / b,
@@ -479,7 +517,8 @@ def scope(session: SymbolicSession):
 def session_of(gm: torch.fx.GraphModule) -> SymbolicSession:
     """The session a graph was propagated in, so that re-propagating part of it shares its symbols."""
     if gm.meta.get("fxprop", {}).get("symbols"):
-        from torch.utils._pytree import tree_leaves
+        from .torch_compat import pytree
+        tree_leaves = pytree.tree_leaves
         for node in gm.graph.nodes:
             for leaf in tree_leaves(node.meta.get("val")):
                 sizes = leaf.shape if isinstance(leaf, torch.Tensor) else (leaf,)
@@ -492,7 +531,7 @@ def session_of(gm: torch.fx.GraphModule) -> SymbolicSession:
 
 
 def python_dispatcher():
-    from torch._dispatch.python import enable_python_dispatcher
+    from .torch_compat import enable_python_dispatcher
     return enable_python_dispatcher()
 
 
@@ -500,7 +539,7 @@ def dispatcher(session: SymbolicSession):
     """torch's python dispatcher while symbols are live: it holds the symbolic meta kernels."""
     if not session.active:
         return _NO_DISPATCHER
-    from torch._dispatch.python import enable_python_dispatcher
+    from .torch_compat import enable_python_dispatcher
     return enable_python_dispatcher()
 
 
@@ -526,19 +565,17 @@ def has_symbolic(values: Iterable[Any]) -> bool:
     return False
 
 
-def refuse_fallback(func: Any, args: tuple, kwargs: dict) -> None:
-    """An op with no symbolic rule must not run on guessed data: name it and its symbolic inputs."""
+def no_symbolic_rule(func: Any, args: tuple, kwargs: dict) -> str:
+    """Why an op with no symbolic rule cannot run on its symbolic inputs (it must not run on guessed
+    data): the op and its symbolic inputs."""
     named = [*((f"arg{i}", value) for i, value in enumerate(args)), *kwargs.items()]
-    symbolic = [(name, value) for name, value in named if has_symbolic([value])]
-    if not symbolic:
-        return
     session = current()
-    described = ", ".join(f"{name} {_describe(value, session)}" for name, value in symbolic)
-    raise PropagationError(f"{func}: no symbolic rule for this op (no meta kernel, no decomposition), and its "
-                           f"input {described} is symbolic; register one with @fxprop.rule({func})")
+    described = ", ".join(f"{name} {_describe(value, session)}" for name, value in named if has_symbolic([value]))
+    return (f"{func}: no symbolic rule for this op (no meta kernel, no decomposition), and its "
+            f"input {described} is symbolic; register one with @fxprop.rule({func})")
 
 
-def undecidable(func: Any, args: tuple, kwargs: dict, error: BaseException) -> PropagationError:
+def undecidable(func: Any, args: tuple, kwargs: dict, error: BaseException) -> DataDependentError:
     """A kernel branched on a size the bounds cannot decide: name the op, the condition and the inputs."""
     session = current()
     condition = getattr(error, "cond", None)
@@ -549,7 +586,7 @@ def undecidable(func: Any, args: tuple, kwargs: dict, error: BaseException) -> P
     else:
         needed = f"a concrete value for {session.readable(str(_plain(condition)))}"
     symbolic = [f"arg{i} {_describe(value, session)}" for i, value in enumerate(args) if has_symbolic([value])]
-    return PropagationError(f"{func}: no symbolic rule can decide {needed} for the symbolic input "
+    return DataDependentError(f"{func}: no symbolic rule can decide {needed} for the symbolic input "
                             f"{', '.join(symbolic) or '(a symbolic size)'}; the op's meta kernel branches on it. "
                             f"Give the dims concrete values or register a rule with @fxprop.rule({func})")
 

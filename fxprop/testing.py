@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
+from .torch_compat import FakeTensor, pytree
 
 from .containers import map_structure
 from .engine import propagate
-from .errors import PropagationError
-from .rules.registry import target_name
+from .errors import FxpropError, PropagationError
+from .registry import target_name
 from .specs import TensorSpec
 
 
@@ -283,14 +283,14 @@ def call_graph(target: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphMo
 
 
 def _closure_graph(target: Any, args: tuple, kwargs: dict, count: int) -> torch.fx.GraphModule:
-    flat, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+    flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     slots = [i for i, value in enumerate(flat) if isinstance(value, (torch.Tensor, TensorSpec))]
 
     def call(*tensors: Any) -> Any:
         filled = list(flat)
         for slot, tensor in zip(slots, tensors):
             filled[slot] = tensor
-        call_args, call_kwargs = torch.utils._pytree.tree_unflatten(filled, spec)
+        call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
         return target(*call_args, **call_kwargs)
 
     call.__name__ = call.__qualname__ = getattr(target, "__name__", type(target).__name__)
@@ -314,9 +314,11 @@ def check_rule(target: Any, *sample_args: Any, check_strides: bool = True, **kwa
     given, run on clones), `TensorSpec`, fake or meta tensors (run on random data), and any
     other values. Returns fxprop's result (FakeTensors).
 
-    When real execution raises, fxprop must raise a `PropagationError` too, and that error
-    is re-raised for the caller to check (``pytest.raises(fxprop.PropagationError)``); when
-    only one of the two raises, the assertion fails.
+    When real execution raises, fxprop must raise a `PropagationError` carrying the same
+    exception type (``error.error_type``), and that error is re-raised for the caller to check
+    (``pytest.raises(fxprop.PropagationError)``). The assertion fails when only one of the two
+    raises, when the types differ, and when fxprop fails on its own (`InternalError`,
+    `UnsupportedError`): fxprop's failure is never the model's error.
 
     >>> import torch
     >>> out = check_rule(torch.ops.aten.cat.default, [TensorSpec((2, 3)), TensorSpec((4, 3))], 0)
@@ -329,15 +331,21 @@ def check_rule(target: Any, *sample_args: Any, check_strides: bool = True, **kwa
     try:
         observed = run_real(gm, *real_inputs)
     except Exception as real_error:
+        real = f"{type(real_error).__name__}: {_first_line(real_error)}"
         try:
             propagate(gm, *tensors)
-        except PropagationError:
-            raise
-        raise AssertionError(f"{label}: real execution raised {type(real_error).__name__}: "
-                             f"{_first_line(real_error)}, but fxprop propagated a result") from real_error
+        except PropagationError as error:
+            if error.refuses_like(real_error):
+                raise
+            raise AssertionError(f"{label}: real execution raised {real}, but fxprop refused with "
+                                 f"{error.error_type.__name__}: {error}") from error
+        except FxpropError as error:
+            raise AssertionError(f"{label}: real execution raised {real}, but fxprop failed on its own: "
+                                 f"{error}") from error
+        raise AssertionError(f"{label}: real execution raised {real}, but fxprop propagated a result") from real_error
     try:
         result = propagate(gm, *tensors)
-    except PropagationError as error:
+    except FxpropError as error:
         raise AssertionError(f"{label}: real execution succeeded, but fxprop raised: {error}") from error
     mismatches = compare_nodes(gm, observed, check_strides=check_strides, check_device=_all_devices_real(tensors))
     if mismatches:

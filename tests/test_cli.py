@@ -60,7 +60,7 @@ def test_demo_prints_both_models_and_a_summary():
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "GPT-2-style transformer" in out and "ResNet-style CNN" in out
-    assert re.search(r"^lm_head\s+call_module:lm_head\s+meta\s+\(2, 16, 512\)\s+float32\s+cpu\s+examples\.py:\d+",
+    assert re.search(r"^lm_head\s+call_module:lm_head\s+python\s+\(2, 16, 512\)\s+float32\s+cpu\s+examples\.py:\d+",
                      out, re.M)
     assert out.count("summary") == 2 and "device transfers: 0" in out and "fallback: 0 nodes" in out
 
@@ -74,13 +74,15 @@ def test_run_json_schema_dot_read_back_and_fail_on_fallback(tmp_path):
     assert document["schema_version"] == 1
     assert document["graph"] == {"origin": "tests.cli_models:tiny", "trace": "fx"}
     assert document["inputs"] == [{"shape": [2, 8], "dtype": "float32", "device": "cpu"}]
-    node_keys = {"name", "op", "target", "args", "kind", "rule", "fallback_bytes", "outputs", "value", "module",
-                 "source"}
+    node_keys = {"name", "op", "target", "args", "kind", "rule", "device_rule", "via", "fallback_bytes", "outputs",
+                 "value", "module", "source"}
     nodes = {node["name"]: node for node in document["nodes"]}
     assert all(set(node) == node_keys for node in nodes.values())
     assert nodes["layers_1_fc"]["outputs"] == [{"shape": [2, 8], "dtype": "float32", "device": "cpu", "stride": [8, 1]}]
     assert nodes["layers_1_fc"]["module"] == "layers.1.fc" and nodes["layers_1_fc"]["args"] == ["add"]
-    assert nodes["to"]["kind"] == "device" and nodes["to"]["outputs"][0]["device"] == "cuda:0"
+    assert nodes["to"]["kind"] == "meta" and nodes["to"]["device_rule"] == "Tensor.to"
+    assert nodes["to"]["via"].startswith("aten._to_copy.default") and nodes["to"]["outputs"][0]["device"] == "cuda:0"
+    assert nodes["layers_1_fc"]["kind"] == "python" and nodes["layers_1_fc"]["via"] == "fxprop.rules.linalg.addmm"
     assert nodes["gap"]["kind"] == "fallback" and nodes["gap"]["fallback_bytes"] > 0
     assert nodes["gap"]["source"]["file"].endswith("cli_models.py") and "gap(x, 2)" in nodes["gap"]["source"]["code"]
     summary = document["summary"]
@@ -99,7 +101,7 @@ def test_run_json_schema_dot_read_back_and_fail_on_fallback(tmp_path):
     assert "cpu -> cuda:0" in transfer["label"] and transfer["style"] == "bold"
     colour = lambda name: graph.nodes[name]["fillcolor"]
     assert graph.nodes["gap"]["penwidth"] == "3" and colour("gap") == colour("legend_fallback")
-    assert colour("relu_1") == colour("legend_meta") and colour("to") == colour("legend_device")
+    assert colour("relu_1") == colour("legend_meta") and colour("to") == colour("legend_meta")
     assert graph.nodes["relu"]["cluster"] == "cluster_layers.0"
     assert graph.nodes["relu_1"]["cluster"] == "cluster_layers.1" and graph.nodes["to"]["cluster"] is None
 
@@ -111,7 +113,7 @@ def test_run_with_input_specs_table_progress_and_collapsed_picture(tmp_path):
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[2].split()
     assert header == ["node", "op", "rule", "kind", "shape", "dtype", "device", "source"]
-    assert re.search(r"^to\s+call_method:to\s+device\s+\(3, 8\)\s+float32\s+cuda:0\s+cli_models\.py:\d+  x = x\.to",
+    assert re.search(r"^to\s+call_method:to\s+meta\s+\(3, 8\)\s+float32\s+cuda:0\s+cli_models\.py:\d+  x = x\.to",
                      done.stdout, re.M)
     assert "device transfers: 1" in done.stdout and "%to: cpu -> cuda:0" in done.stdout
     assert re.search(r"propagating 11 nodes \.\.\. done in [\d.]+ s", done.stderr)
@@ -129,7 +131,7 @@ def test_run_saved_export_program_as_markdown(tmp_path):
     done = fxprop_cli("run", "--graph", str(saved), "--format", "md")
     assert done.returncode == 0, done.stderr
     assert "| node | op | rule kind | shape | dtype | device | source |" in done.stdout
-    assert re.search(r"^\| linear_2 \| call_function:linear\.default \| meta \| \(8, 10\) \| float32 \| cpu \|",
+    assert re.search(r"^\| linear_2 \| call_function:linear\.default \| python \| \(8, 10\) \| float32 \| cpu \|",
                      done.stdout, re.M)
     assert "**Summary**" in done.stdout
 

@@ -31,19 +31,21 @@ def test_every_aten_overload_is_listed_with_the_engines_lookup():
     code, out, _ = run("--format", "json")
     report = json.loads(out)
     kinds = {row["op"]: row["kind"] for row in report["rows"]}
-    assert len(kinds) == report["summary"]["overloads"] > 2000
+    assert len(kinds) == report["summary"]["targets"] > 2000
     aten = torch.ops.aten
     for op in (aten.addmm.default, aten.convolution.default, aten.nonzero.default, aten.add.Tensor):
         assert kinds[str(op)] == fxprop.lookup(op).kind.value
     assert kinds["aten.convolution.default"] == "python"
-    assert sum(report["summary"][k] for k in coverage_report.KINDS) == report["summary"]["overloads"]
+    assert sum(report["summary"].get(k, 0) for k in coverage_report.KINDS) == report["summary"]["targets"]
+    assert kinds["torch.ops.higher_order.cond"] == fxprop.lookup(torch.ops.higher_order.cond).kind.value
     assert code == 0
 
 
-def test_fallback_without_a_host_kernel_is_none():
-    assert coverage_report.coverage_kind(torch.ops.aten._cudnn_ctc_loss.default) == "none"
-    assert coverage_report.coverage_kind(torch.ops.aten.nonzero.default) == fxprop.lookup(
-        torch.ops.aten.nonzero.default).kind.value
+def test_an_op_with_neither_a_meta_nor_a_host_kernel_is_unsupported():
+    _, out, _ = run("--format", "json")
+    kinds = {row["op"]: row["kind"] for row in json.loads(out)["rows"]}
+    assert kinds["aten._cudnn_ctc_loss.default"] == fxprop.lookup(torch.ops.aten._cudnn_ctc_loss.default).kind.value
+    assert fxprop.lookup(torch.ops.aten._cudnn_ctc_loss.default).kind != "fallback"
 
 
 def test_kind_filter_and_fail_on_fallback():

@@ -78,4 +78,4 @@ def test_lookup_order():
     aten = torch.ops.aten
     assert fxprop.lookup(aten.bmm.default).kind == "meta"
     assert fxprop.lookup(aten.convolution.default).kind == "python"
-    assert fxprop.lookup("to").kind == "device"
+    assert fxprop.lookup("to").device_rule == "Tensor.to"

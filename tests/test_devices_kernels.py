@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fxprop
-from fxprop.rules import cuda_attention
+from fxprop.rules import sdpa_backends
 
 aten = torch.ops.aten
 CUDA0 = torch.device("cuda", 0)
@@ -77,9 +77,9 @@ CASES = [
 def test_sdpa_on_cuda_picks_torchs_backend_and_its_layout(case, inputs, options, backend, strides):
     q, k, v, *mask = inputs
     metas = [i.to_meta() for i in inputs]
-    call = cuda_attention.Call(metas[0], metas[1], metas[2], metas[3] if mask else None, 0.0,
+    call = sdpa_backends.Call(metas[0], metas[1], metas[2], metas[3] if mask else None, 0.0,
                                options.get("is_causal", False), None, options.get("enable_gqa", False))
-    assert cuda_attention.choose(call) == backend
+    assert sdpa_backends.choose(call) == backend
     gm = (torch.fx.symbolic_trace(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m))
           if mask else attention_graph(**options))
     out = run(gm, *inputs)
@@ -199,9 +199,14 @@ def test_fused_adam_with_a_tensor_lr_and_a_grad_on_another_device():
         fxprop.propagate(gm, params[0], spec(3, 4, device="cpu"), *params[2:], spec(device="cpu"))
 
 
+_host_only = torch.library.Library("fxprop_devices_test", "DEF")
+_host_only.define("shifted(Tensor x) -> Tensor")
+_host_only.impl("shifted", lambda x: x[1:] - x[:-1], "CPU")  # a CPU kernel only: no meta, no CUDA
+
+
 def test_a_cuda_target_op_with_no_meta_kernel_falls_back_on_the_host():
-    # bincount's size depends on the data: no meta kernel; it runs once on host stand-ins
-    gm = torch.fx.symbolic_trace(lambda x: torch.bincount(x))
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_devices_test.shifted(x))
     out = fxprop.propagate(gm, spec(5, dtype=torch.int64))
-    node = next(n for n in gm.graph.nodes if n.name == "bincount")
+    assert tuple(out.shape) == (4,)
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
     assert out.device == CUDA0 and node.meta["fxprop"].kind == "fallback" and node.meta["fxprop"].fallback_bytes > 0

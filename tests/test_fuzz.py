@@ -7,7 +7,8 @@ that are sometimes invalid. Each op is run for real while the graph is built, so
 see the real shapes; the first op that raises ends the graph. Then, for every graph:
 
 - fxprop matches real execution on every node (`fxprop.testing.compare_nodes`), or
-- fxprop raises `PropagationError` at the node where real execution raised;
+- fxprop raises `PropagationError` at the node where real execution raised, with the same
+  exception type (`PropagationError.error_type`);
 - nothing else: no other exception, no hang, no change to the graph, the module, the inputs
   or the RNG (`fxprop.testing.assert_no_side_effects`).
 
@@ -897,6 +898,10 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
             unmodeled(real.error) and order.index(error.node_name) > order.index(real.failed_node)), (
             f"real execution raised at %{real.failed_node} ({type(real.error).__name__}: "
             f"{str(real.error).splitlines()[0] if str(real.error) else ''}), fxprop at %{error.node_name}:\n{error}")
+        if error.node_name == real.failed_node:
+            assert error.refuses_like(real.error), (
+                f"real execution raised {type(real.error).__name__} at %{real.failed_node}, fxprop refused with "
+                f"{error.error_type.__name__}:\n{error}")
         assert all("fxprop" not in node.meta for node in gm.graph.nodes), "a failed propagate wrote metadata"
     else:
         assert real.failed_node is None or unmodeled(real.error), (
@@ -1109,7 +1114,7 @@ def test_stack_of_an_elementwise_result_in_size_one_dims():
     """Finding (campaign seed 1796217672): the CPU lays out ``abs`` of a (1, 1, 2, 1) tensor with strides
     (2, 1, 1, 1) as (2, 2, 1, 1), torch's python meta kernels as (2, 1, 1, 1); stacking the two along a
     middle dim made the difference significant. Elementwise results now follow TensorIterator
-    (fxprop/rules/elementwise_layout.py)."""
+    (fxprop/layout.py)."""
     from fxprop.testing import assert_matches_real
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import fxprop
 from fxprop.testing import significant_strides
-from fxprop.rules.elementwise_layout import _operand_arguments
+from fxprop.layout import _operand_arguments
 
 aten = torch.ops.aten
 

@@ -94,7 +94,7 @@ def test_python_arithmetic_on_sizes():
     gm = torch.fx.symbolic_trace(SizeArithmetic())
     assert_matches_real(gm, torch.randn(6, 4, 8))
     kinds = {n.name: n.meta["fxprop"].kind for n in gm.graph.nodes}
-    assert kinds["mul"] == "python"
+    assert kinds["mul"] == "plain"
     assert next(n for n in gm.graph.nodes if n.name == "mul").meta["val"] == 12
 
 

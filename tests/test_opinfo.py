@@ -71,10 +71,10 @@ lib.impl("positive", lambda x: x[x > 0].clone(), "CPU")
 def test_a_wrong_answer_is_a_mismatch_with_its_field():
     kept = conformance.check_sample(torch.Tensor.t, SampleInput(torch.randn(2, 3)), torch.float32, 0)
     assert kept.fxprop.ok and kept.fake.ok and kept.real_error is None
-    # No rule: the host fallback runs on ones, so every element looks positive.
+    # No rule: the host fallback runs on synthesized values, not the sample's.
     guessed = conformance.check_sample(torch.ops.fxprop_opinfo_test.positive,
                                        SampleInput(torch.tensor([-1.0, 2.0, -3.0])), torch.float32, 0)
-    assert guessed.fxprop.category == "shape" and guessed.fxprop.detail == "shape expected (1,), got (3,)"
+    assert guessed.fxprop.category == "shape" and guessed.fxprop.detail.startswith("shape expected (1,), got")
 
 
 @pytest.mark.parametrize("device, saved", [("cpu", (0,)), ("cuda:0", (3,))])

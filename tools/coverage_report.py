@@ -9,9 +9,9 @@
 Every mode prints a terminal table and a summary (counts per rule kind or status);
 ``--format md|json|csv`` changes the output (csv writes the summary to stderr).
 ``--fail-on-fallback`` exits with 1 when any op or node needs the real-tensor fallback (or
-has no rule at all), for CI gates. Kinds come from `fxprop.rules.lookup`, the function the
-engine itself uses, so the report and the engine cannot disagree; a "fallback" op with no
-CPU kernel to fall back to is reported as "none".
+has no rule at all), for CI gates. Kinds come from `fxprop.lookup`, which asks the resolution
+the engine itself uses (`fxprop.resolution`), so the report and the engine cannot disagree.
+The overload mode lists higher-order operators too: "unsupported" when fxprop has no rule for one.
 """
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ import torch
 import fxprop
 from fxprop import conformance
 from fxprop.report import describe_value, format_table
-from fxprop.rules import Kind, lookup, target_name
+from fxprop import Kind, lookup
+from fxprop.registry import target_name
+from fxprop.torch_compat import higher_order_ops
 
-KINDS = ("python", "meta", "decomposition", "device", "fallback", "none")
-FALLBACK_KINDS = ("fallback", "none")
+KINDS = tuple(kind.value for kind in Kind)
+FALLBACK_KINDS = (Kind.FALLBACK.value, Kind.UNSUPPORTED.value)
 
 
 @dataclass
@@ -62,23 +64,17 @@ def aten_overloads() -> Iterator[torch._ops.OpOverload]:
             continue
 
 
-def coverage_kind(op: torch._ops.OpOverload) -> str:
-    """`lookup(op).kind`, except that a fallback with no CPU kernel to run is "none"."""
-    kind = lookup(op).kind
-    if kind is Kind.FALLBACK and not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CPU"):
-        return "none"
-    return kind.value
-
-
 def all_ops_report(only: str | None = None) -> Report:
-    report = Report("aten overloads by the rule that covers them", ("op", "kind", "rule"), kind_column="kind")
+    report = Report("aten overloads and higher-order operators by the rule that covers them", ("op", "kind", "rule"),
+                    kind_column="kind")
     counts = dict.fromkeys(KINDS, 0)
-    for op in aten_overloads():
-        kind = coverage_kind(op)
-        counts[kind] += 1
-        if only is None or kind == only:
-            report.rows.append((target_name(op), kind, lookup(op).name))
-    report.summary = {"overloads": sum(counts.values()), **counts}
+    targets = [*aten_overloads(), *(op for _, op in sorted(higher_order_ops().items()))]
+    for target in targets:
+        rule = lookup(target)
+        counts[rule.kind.value] += 1
+        if only is None or rule.kind.value == only:
+            report.rows.append((target_name(target), rule.kind.value, rule.name))
+    report.summary = {"targets": sum(counts.values()), **{k: v for k, v in counts.items() if v or k != "plain"}}
     return report
 
 
@@ -126,11 +122,11 @@ def graph_report(gm: torch.fx.GraphModule, inputs: tuple, kwargs: dict, title: s
         provenance = node.meta["fxprop"]
         name = target_name(node.target) if node.op != "call_module" else f"module {node.target}"
         shape, dtype, device = describe_value(node.meta.get("val"))
-        report.rows.append((node.name, name, provenance.kind, provenance.rule, provenance.fallback_bytes,
-                            shape, dtype, device))
-        counts[provenance.kind] += 1
-        ops[provenance.kind].add(name)
-    report.summary = {"nodes": len(report.rows), **{k: v for k, v in counts.items() if v or k != "none"},
+        kind = provenance.kind.value
+        report.rows.append((node.name, name, kind, provenance.rule, provenance.fallback_bytes, shape, dtype, device))
+        counts[kind] += 1
+        ops[kind].add(name)
+    report.summary = {"nodes": len(report.rows), **{k: v for k, v in counts.items() if v or k != "unsupported"},
                       "distinct ops": len({row[1] for row in report.rows}),
                       "fallback bytes": gm.meta["fxprop"]["fallback_bytes"]}
     return report

@@ -17,8 +17,8 @@ import torch.fx
 
 from ..report import describe_value, devices_of, module_path, op_text, source_text
 
-KIND_COLOURS = {"python": "#cfe2f3", "meta": "#d9ead3", "decomposition": "#fff2cc", "device": "#d9d2e9",
-                "fallback": "#f4cccc", "": "#eeeeee"}
+KIND_COLOURS = {"plain": "#f3f3f3", "device": "#d9d2e9", "meta": "#d9ead3", "python": "#cfe2f3",
+                "decomposition": "#fff2cc", "fallback": "#f4cccc", "": "#eeeeee"}
 FALLBACK_BORDER = "#cc0000"
 TRANSFER_COLOUR = "#7030a0"
 GRAPHVIZ_HINT = ("SVG output needs graphviz's `dot` program, which is not on PATH. Install graphviz "
@@ -39,7 +39,7 @@ def annotated_graph(gm: torch.fx.GraphModule) -> nx.DiGraph:
     graph = nx.DiGraph(name=type(gm).__name__, block_types={})
     for node in gm.graph.nodes:
         provenance = node.meta.get("fxprop")
-        kind = provenance.kind if provenance else ""
+        kind = provenance.kind.value if provenance else ""
         shape, dtype, device = describe_value(node.meta.get("val"))
         lines = [node.name, op_text(node)]
         if dtype:
@@ -53,7 +53,8 @@ def annotated_graph(gm: torch.fx.GraphModule) -> nx.DiGraph:
         if block and not graph.graph["block_types"].get(block):
             graph.graph["block_types"][block] = _module_type(node, block)
         graph.add_node(node.name, label="\n".join(lines), kind=kind, fallback=kind == "fallback",
-                       block=block, module=path, signature=_signature(node, kind))
+                       placed=bool(provenance and provenance.device_rule), block=block, module=path,
+                       signature=_signature(node, kind))
     sizes: dict[str, int] = {}
     for _, block in graph.nodes(data="block"):
         if block:
@@ -63,7 +64,7 @@ def annotated_graph(gm: torch.fx.GraphModule) -> nx.DiGraph:
             graph.nodes[name]["block"] = None
     for node in gm.graph.nodes:
         targets = devices_of(node)
-        transfer = graph.nodes[node.name]["kind"] == "device"
+        transfer = graph.nodes[node.name]["placed"]
         for arg in node.all_input_nodes:
             shape, dtype, _ = describe_value(arg.meta.get("val"))
             moved = [d for d in devices_of(arg) if targets and d not in targets] if transfer else []

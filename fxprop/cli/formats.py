@@ -1,6 +1,7 @@
 """``--format table|json|md``: one annotated graph and its summary as text.
 
-The JSON document (``SCHEMA_VERSION`` 1) is described in README.md, "Command line".
+The JSON document (``SCHEMA_VERSION`` 1) is described in README.md, "Command line"; with
+``--estimate`` it also has an ``"estimate"`` key: `fxprop.Estimate.to_dict`, per-node records included.
 """
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..estimate import Estimate
 from ..report import SOURCE_HEADER, format_table, node_records, node_rows, summary_lines
+from .estimate_report import estimate_lines
 
 SCHEMA_VERSION = 1
 FORMATS = ("table", "json", "md")
 
 
 def document(gm: torch.fx.GraphModule, summary: dict[str, Any], origin: str, trace: str,
-             inputs: tuple) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "graph": {"origin": origin, "trace": trace},
-            "inputs": [_describe_input(value) for value in inputs],
-            "nodes": node_records(gm), "summary": summary}
+             inputs: tuple, estimate: Estimate | None = None) -> dict[str, Any]:
+    found = {"schema_version": SCHEMA_VERSION, "graph": {"origin": origin, "trace": trace},
+             "inputs": [_describe_input(value) for value in inputs],
+             "nodes": node_records(gm), "summary": summary}
+    if estimate is not None:
+        found["estimate"] = estimate.to_dict()
+    return found
 
 
 def _describe_input(value: Any) -> Any:
@@ -32,13 +38,15 @@ def _describe_input(value: Any) -> Any:
 
 
 def render(fmt: str, gm: torch.fx.GraphModule, summary: dict[str, Any], title: str, origin: str = "",
-           trace: str = "", inputs: tuple = ()) -> str:
+           trace: str = "", inputs: tuple = (), estimate: Estimate | None = None) -> str:
     if fmt == "json":
-        return json.dumps(document(gm, summary, origin, trace, inputs), indent=2)
+        return json.dumps(document(gm, summary, origin, trace, inputs, estimate), indent=2)
+    extra = estimate_lines(estimate) if estimate is not None else []
     if fmt == "md":
-        return markdown(gm, summary, title)
+        text = markdown(gm, summary, title)
+        return "\n".join([text, "", "**Estimate**", "", "```text", *extra, "```"]) if extra else text
     return "\n".join([title, "", format_table(SOURCE_HEADER, node_rows(gm, source=True)), "",
-                      "summary", *("  " + line for line in summary_lines(summary))])
+                      "summary", *("  " + line for line in summary_lines(summary)), *([""] + extra if extra else [])])
 
 
 def markdown(gm: torch.fx.GraphModule, summary: dict[str, Any], title: str) -> str:

@@ -13,11 +13,12 @@ from typing import Sequence
 
 import torch
 
-from .. import examples
+from .. import examples, torch_compat
 from ..engine import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
 from ..errors import FxpropError
+from ..estimate import estimate
 from ..report import summarize
-from . import drawing
+from . import drawing, estimate_report
 from .formats import FORMATS, render
 from .loading import LoadError, Loaded, UsageError, from_callable, from_exported, parse_input_spec, trace_module
 from .progress import Progress
@@ -29,6 +30,7 @@ EPILOG = """examples:
   fxprop run fxprop.examples:gpt_example
   fxprop run mypkg.models:make_model --input "B,T:int64@cuda:0" --format json
   fxprop run --graph program.pt2 --svg graph.svg --collapse
+  fxprop run fxprop.examples:gpt_example --estimate --estimate-svg live.svg
 exit codes: 0 ok, 1 error (stderr names the node and source line), 2 usage, 3 --fail-on-fallback tripped"""
 
 
@@ -36,6 +38,13 @@ def _input_spec(text: str):
     try:
         return parse_input_spec(text)
     except Exception as error:  # argparse hides a ValueError's message; keep ours
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _sizes(text: str) -> dict[str, int]:
+    try:
+        return estimate_report.parse_sizes(text)
+    except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
@@ -62,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cap on bytes the real-tensor fallback may materialize per op")
     run.add_argument("--fail-on-fallback", action="store_true",
                      help=f"exit {EXIT_FALLBACK} (after the output) when any node fell back to real tensors")
+    run.add_argument("--estimate", action="store_true",
+                     help="also estimate FLOPs and peak live bytes per device (fxprop.estimate): totals, the top-10 "
+                          "memory and FLOP nodes; with --format json, every node's record")
+    run.add_argument("--estimate-at", type=_sizes, metavar="NAME=SIZE,...",
+                     help="evaluate a symbolic estimate at these sizes, e.g. B=8,T=128 (implies --estimate)")
+    run.add_argument("--estimate-svg", metavar="FILE",
+                     help="draw live bytes across the node order, peak marked (needs matplotlib; implies --estimate)")
     demo.add_argument("--format", choices=("table", "md"), default="table", help="output on stdout (default: table)")
     run.add_argument("--format", choices=FORMATS, default="table", help="output on stdout (default: table)")
     for sub in (demo, run):
@@ -81,11 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.svg and not drawing.have_dot():  # before any work: say so now, not after a long propagation
         print(f"fxprop: error: {drawing.GRAPHVIZ_HINT}", file=sys.stderr)
         return EXIT_ERROR
+    if getattr(args, "estimate_svg", None) and not estimate_report.have_matplotlib():
+        print(f"fxprop: error: {estimate_report.PLOT_HINT}", file=sys.stderr)
+        return EXIT_ERROR
     try:
         return demo(args) if args.command == "demo" else run(args)
     except UsageError as error:
         args.subparser.error(str(error))  # exits 2, after the usage line
-    except (LoadError, FxpropError, drawing.GraphvizError) as error:
+    except (LoadError, FxpropError, drawing.GraphvizError, estimate_report.PlotError) as error:
         message = str(error)
         print(message if message.startswith("fxprop:") else f"fxprop: error: {message}", file=sys.stderr)
     except BrokenPipeError:  # e.g. `fxprop demo | head`: stop quietly, as other command-line tools do
@@ -111,7 +130,7 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
     nodes = len(gm.graph.nodes)
     if progress is None or not progress.enabled:
         progress = Progress.choose(args.progress, nodes)
-    import torch._dynamo  # noqa: F401  FakeTensorMode imports it lazily (seconds); keep that out of the timing
+    torch_compat.import_dynamo()  # keep FakeTensorMode's lazy import out of the timing
     with progress:
         progress.stage(f"propagating {nodes:,} nodes")
         started = time.perf_counter()
@@ -122,12 +141,22 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
         progress.done()
         summary = summarize(gm, seconds)
         title = title or f"{loaded.origin} ({_trace_name(loaded.trace)}), {nodes} nodes"
-        print(render(args.format, gm, summary, title, loaded.origin, loaded.trace, loaded.inputs))
+        found = None
+        if _wants_estimate(args):
+            progress.stage("estimating")
+            found = estimate(gm)  # reads the annotations just written
+            if getattr(args, "estimate_at", None):
+                found = found.evaluate(args.estimate_at)
+            progress.done()
+        print(render(args.format, gm, summary, title, loaded.origin, loaded.trace, loaded.inputs, found))
         written = []
         if args.dot or args.svg:
             progress.stage("drawing")
             written = draw(gm, args, title)
             progress.done()
+        if getattr(args, "estimate_svg", None):
+            estimate_report.draw_live_bytes(found, args.estimate_svg, f"live bytes: {title}")
+            written.append(args.estimate_svg)
     for path in written:
         print(f"fxprop: wrote {path}", file=sys.stderr)
     fell_back = summary["fallback_nodes"]
@@ -141,6 +170,10 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
                   file=sys.stderr)
         return EXIT_FALLBACK
     return EXIT_OK
+
+
+def _wants_estimate(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name, None) for name in ("estimate", "estimate_at", "estimate_svg"))
 
 
 def _trace_name(trace: str) -> str:

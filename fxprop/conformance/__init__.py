@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
-import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from .. import torch_compat
+from ..torch_compat import FakeTensorMode, pytree
 
 from ..engine import propagate
 from ..errors import PropagationError
@@ -145,7 +145,7 @@ def op_key(opinfo: Any) -> str:
 @functools.lru_cache(maxsize=None)
 def opinfos() -> dict[str, Any]:
     """Every OpInfo of ``op_db`` by `op_key` (importing op_db takes a few seconds)."""
-    from torch.testing._internal.common_methods_invocations import op_db
+    op_db = torch_compat.opinfo_database()
     table: dict[str, Any] = {}
     for opinfo in op_db:
         key = op_key(opinfo)
@@ -205,8 +205,9 @@ def check_sample(op: Callable, sample: Any, dtype: torch.dtype, index: int) -> S
     try:
         observed = observe(op(*args, **kwargs))
     except Exception as error:
-        real_error = f"{type(error).__name__}: {_first_line(error)}"
-    return SampleResult(dtype, index, real_error, _judge(fxprop_verdict, observed, real_error, True),
+        real_error = error
+    described = None if real_error is None else f"{type(real_error).__name__}: {_first_line(real_error)}"
+    return SampleResult(dtype, index, described, _judge(fxprop_verdict, observed, real_error, True),
                         _judge(fake_verdict, observed, real_error, False))
 
 
@@ -236,17 +237,25 @@ def _fake(op: Callable, args: tuple, kwargs: dict) -> Any:
         return ("error", error)
 
 
-def _judge(outcome: tuple[str, Any], observed: Any, real_error: str | None, is_fxprop: bool) -> Verdict:
+def _judge(outcome: tuple[str, Any], observed: Any, real_error: BaseException | None, is_fxprop: bool) -> Verdict:
+    """A refusal matches only when it is the same refusal as real execution's: for fxprop, a
+    `PropagationError` carrying real execution's exception type; for FakeTensorMode, an exception
+    of that type. fxprop's own failures (`InternalError`, `UnsupportedError`) never match."""
     kind, value = outcome
     if kind == "error":
         described = f"{type(value).__name__}: {_first_line(value)}"
         if real_error is not None:
-            if not is_fxprop or isinstance(value, PropagationError):
+            real = f"{type(real_error).__name__}: {_first_line(real_error)}"
+            same = value.refuses_like(real_error) if isinstance(value, PropagationError) else (
+                not is_fxprop and type(value) is type(real_error))
+            if same:
                 return MATCH
-            return Verdict("wrong-error", f"real raised {real_error}; got {described}")
+            if isinstance(value, PropagationError):
+                described = f"PropagationError({value.error_type.__name__}): {_first_line(value)}"
+            return Verdict("wrong-error", f"real raised {real}; got {described}")
         return Verdict("raised", described)
     if real_error is not None:
-        return Verdict("missed-error", f"real raised {real_error}")
+        return Verdict("missed-error", f"real raised {type(real_error).__name__}: {_first_line(real_error)}")
     try:
         mismatches = compare_values(value, observed, node="op", op="")
     except Exception as error:  # e.g. a symbolic size that cannot be compared without a guard

@@ -3,7 +3,7 @@
 - device attributes (``x.device``, ``x.is_cuda``, ``x.get_device()``, ``x.type()``) are known
   from the logical device alone;
 - ``x.item()`` and ``x.tolist()`` need data: like every op no rule covers, they run on host
-  CPU stand-ins (`fxprop.rules.fallback`), whose values are the user's own for small integer
+  CPU stand-ins (`fxprop.kinds.fallback`), whose values are the user's own for small integer
   inputs passed for real and placeholders otherwise;
 - ``nonzero``'s count is such a value too: its result lives with the input, sized on the host.
 """
@@ -13,8 +13,6 @@ import builtins
 
 import torch
 
-from .. import context
-from ..rules.fallback import materialize
 from .placement import device_of
 from .transfers import Placement, default_placement, everywhere, host, self_device, transfer
 
@@ -49,15 +47,9 @@ def item(target, args, kwargs):
     return Placement(None, target, args, kwargs, "Tensor.item: read on the host")
 
 
-def _tolist_on_host(self: torch.Tensor) -> list:
-    session = context.current_session()
-    with context.on_host():
-        return materialize(self, session.real_values if session is not None else {}).tolist()
-
-
 @transfer("tolist", torch.Tensor.tolist, name="Tensor.tolist: read on the host")
 def tolist(target, args, kwargs):
-    return Placement(None, _tolist_on_host, args[:1], {}, "Tensor.tolist: read on the host")
+    return Placement(None, target, args, kwargs, "Tensor.tolist: read on the host")
 
 
 def _sized_on_host(name: str):

@@ -65,13 +65,12 @@ def configured_default_device() -> torch.device | None:
     `torch.get_default_device` reads them, but without allocating: on a CPU-only build,
     asking torch for the index of a bare "cuda" would fail, here it normalizes to "cuda:0".
     """
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._device import DeviceContext
+    from ..torch_compat import DeviceContext, function_mode_stack, global_device_context
 
-    modes = [mode for mode in _get_current_function_mode_stack() if isinstance(mode, DeviceContext)]
+    modes = [mode for mode in function_mode_stack() if isinstance(mode, DeviceContext)]
     if modes:
         return normalize_device(modes[-1].device)
-    context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+    context = global_device_context()
     if context is not None:
         return normalize_device(context.device)
     return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from ..torch_compat import OpOverload, OpOverloadPacket
 
 from ..errors import PropagationError, RuleRegistrationError
 from .placement import CPU, META, device_of, merge_devices, normalize_device

@@ -1,9 +1,27 @@
-"""Per-op rules and the lookup order shared by the engine and the coverage report."""
-from .registry import (Kind, Rule, decomposition_for, has_meta_kernel, lookup, python_rule, registered_rules,
-                       rule, shape_rule, target_name, unregister)
-from . import attention, conv, cuda_kernels, data_dependent, fuzz_fixes  # noqa: F401  (register hand-written rules)
-from . import device_hints, normalization, strides  # noqa: F401  (fixes found by the OpInfo sweep)
-from . import recurrent  # noqa: F401  (recurrent modules over a symbolic number of steps)
+"""Hand-written rules, one file per op family. Importing this package registers them all.
 
-__all__ = ["Kind", "Rule", "decomposition_for", "has_meta_kernel", "lookup", "python_rule", "registered_rules",
-           "rule", "shape_rule", "target_name", "unregister"]
+| family | file |
+|---|---|
+| elementwise ops | `elementwise.py` |
+| reductions (max, min, median, mode, softmax) | `reductions.py` |
+| sorting | `sorting.py` |
+| moving elements (roll) | `movement.py` |
+| matrix products | `linalg.py` |
+| indexing (index_select, boolean masks) | `indexing.py` |
+| ops whose output sizes or values depend on the data | `data_dependent.py` |
+| convolution (and cuDNN's) | `conv.py` |
+| pooling | `pooling.py` |
+| upsampling and grid sampling | `upsample.py` |
+| batch norm | `normalization.py` |
+| scaled dot-product attention | `attention.py`, with CUDA's backend choice in `sdpa_backends.py` |
+| recurrent modules | `recurrent.py` |
+| fused optimizer steps | `optimizers.py` |
+| calls that change process-wide state (seeding the RNG) | `global_state.py` |
+
+Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
+"""
+from ..registry import registered_rules, rule, target_name, unregister
+from . import (attention, conv, data_dependent, elementwise, indexing, linalg, movement, normalization,  # noqa: F401
+               global_state, optimizers, pooling, recurrent, reductions, sorting, upsample)
+
+__all__ = ["registered_rules", "rule", "target_name", "unregister"]

@@ -4,7 +4,7 @@
 whose output layout differs from the math path's: the fused kernels return the output in
 the query's physical layout. On meta tensors the pick is always "math", so this rule makes
 the pick for the node's logical device and calls the chosen kernel's meta implementation:
-the host's own choice for the CPU, `cuda_attention`'s model of torch's choice for CUDA.
+the host's own choice for the CPU, `sdpa_backends`'s model of torch's choice for CUDA.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from .. import context, symbolic
-from . import cuda_attention
-from .registry import rule
+from . import sdpa_backends
+from ..registry import rule
+from ..torch_compat import fused_sdp_choice
 
 aten = torch.ops.aten
 _EXACT_SAMPLE_LIMIT = 1 << 24  # elements; above this the host sample keeps only dims' zero-ness
@@ -34,7 +35,7 @@ def _host_sample(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 def attention_settings() -> tuple:
     """The global settings the backend choice reads, for memoized results to be told apart."""
-    return (cuda_attention.enabled_backends(), tuple(cuda_attention.priority_order()))
+    return (sdpa_backends.enabled_backends(), tuple(sdpa_backends.priority_order()))
 
 
 def choose_backend(device: torch.device | None, query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -42,12 +43,12 @@ def choose_backend(device: torch.device | None, query, key, value, attn_mask, dr
     """The backend torch would choose on ``device`` for these inputs."""
     if device is None or device.type == "cpu":
         with context.on_host():
-            choice = torch._fused_sdp_choice(_host_sample(query), _host_sample(key), _host_sample(value),
+            choice = fused_sdp_choice(_host_sample(query), _host_sample(key), _host_sample(value),
                                              _host_sample(attn_mask), dropout_p, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
         return SDPBackend(choice)
     if device.type == "cuda":
-        return cuda_attention.choose(cuda_attention.Call(query, key, value, attn_mask, dropout_p, is_causal, scale,
+        return sdpa_backends.choose(sdpa_backends.Call(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                          enable_gqa))
     return SDPBackend.MATH
 
@@ -62,7 +63,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         return aten._scaled_dot_product_flash_attention_for_cpu.default(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
     if device_type == "cuda":
-        return cuda_attention.KERNELS[backend](cuda_attention.Call(query, key, value, attn_mask, dropout_p, is_causal,
+        return sdpa_backends.KERNELS[backend](sdpa_backends.Call(query, key, value, attn_mask, dropout_p, is_causal,
                                                                    scale, enable_gqa))
     return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -8,11 +8,14 @@ Modelled on torch's own fake implementations (`torch/_subclasses/fake_impls.py`)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from .. import context, symbolic
-from .registry import rule
+from ..errors import DataDependentError
+from ..registry import rule
+from ..torch_compat import check
 
 aten = torch.ops.aten
 
@@ -83,26 +86,134 @@ def repeat_interleave(repeats: torch.Tensor, *, output_size: int | None = None) 
     return torch.empty((output_size,), dtype=repeats.dtype, device="meta")
 
 
+def known_values(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The values of a tensor the user passed in for real (small integer tensors), else None."""
+    session = context.current_session()
+    return session.real_values.get(id(tensor)) if session is not None else None
+
+
 @rule(aten._local_scalar_dense.default)
 def local_scalar_dense(input: torch.Tensor):
     """A value read from data: a fresh symbol, unless the tensor is one the user passed in for real."""
-    session = context.current_session()
-    known = session.real_values.get(id(input)) if session is not None else None
+    known = known_values(input)
     if known is not None:
         with context.on_host():
             return known.item()
     return symbolic.current().fresh_value(input.dtype)
 
 
-@rule(aten.index.Tensor)
-def index(input: torch.Tensor, indices: list) -> torch.Tensor:
-    """Boolean masks select a data-dependent number of elements: they become ``nonzero`` indices."""
-    from torch._meta_registrations import meta_index_Tensor
-    expanded: list = []
-    for index_tensor in indices:
-        if index_tensor is not None and index_tensor.dtype in (torch.bool, torch.uint8):
-            rows = nonzero(index_tensor)
-            expanded.extend(rows.select(1, j) for j in range(index_tensor.dim()))
-        else:
-            expanded.append(index_tensor)
-    return meta_index_Tensor(input, expanded)
+@rule("tolist", torch.Tensor.tolist)
+def tolist(self: torch.Tensor) -> Any:
+    """Values read from data: the real ones of a tensor the user passed in for real, else one fresh
+    symbol per element, nested as the tensor's dims."""
+    known = known_values(self)
+    if known is not None:
+        with context.on_host():
+            return known.tolist()
+    check(all(isinstance(size, int) for size in self.shape),
+          lambda: f"tolist(): a tensor of symbolic shape {tuple(self.shape)} has no fixed number of values")
+
+    def nested(sizes: tuple) -> Any:
+        if not sizes:
+            return symbolic.current().fresh_value(self.dtype)
+        return [nested(sizes[1:]) for _ in range(sizes[0])]
+    return nested(tuple(self.shape))
+
+
+@rule(aten.unique_dim_consecutive.default)
+def unique_dim_consecutive(input: torch.Tensor, dim: int, return_inverse: bool = False,
+                           return_counts: bool = False):
+    return _unique(input, dim, return_inverse, return_counts)
+
+
+@rule(aten.bincount.default)
+def bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    """The length is ``max(max(self) + 1, minlength)``: a fresh size of at least ``minlength`` (exactly
+    ``minlength`` for an empty input). Weighted counts are float32 for float32 weights, else float64."""
+    check(self.dim() == 1 and not (self.dtype.is_floating_point or self.dtype.is_complex),
+          lambda: f"bincount only supports 1-d non-negative integral inputs, got a {self.dim()}-d {self.dtype} tensor")
+    check(minlength >= 0, lambda: "minlength should be >= 0")
+    length = minlength if _numel(self) == 0 else symbolic.current().fresh_size(None, lower=max(minlength, 1))
+    dtype = torch.int64 if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
+    return torch.empty((length,), dtype=dtype, device="meta")
+
+
+@rule(aten.one_hot.default)
+def one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """``num_classes`` classes, or (when -1) ``max(self) + 1``: a fresh size."""
+    check(self.dtype == torch.int64, lambda: "one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        check(_numel(self) != 0, lambda: "Can not infer total number of classes from empty tensor.")
+        num_classes = symbolic.current().fresh_size(None, lower=1)
+    return torch.empty((*self.shape, num_classes), dtype=torch.int64, device="meta")
+
+
+def _ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, max_target_length) -> tuple:
+    batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    steps = log_probs.shape[0]
+    negative_log_likelihood = log_probs.new_empty((batch,) if log_probs.dim() == 3 else ())
+    log_alpha = log_probs.new_empty((batch, steps, 2 * max_target_length + 1))
+    return negative_log_likelihood, log_alpha
+
+
+@rule(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """log_alpha is (batch, steps, 2 * max(target_lengths) + 1)."""
+    return _ctc_loss(log_probs, targets, max(target_lengths, default=0))
+
+
+@rule(aten._ctc_loss.Tensor)
+def ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """With the target lengths in a tensor, their maximum is a value: known for a tensor passed in for
+    real, else a fresh size bounded by the targets' length."""
+    known = known_values(target_lengths)
+    if known is not None:
+        with context.on_host():
+            longest = int(known.max()) if known.numel() else 0
+    else:
+        bound = targets.shape[1] if targets.dim() == 2 else _numel(targets)
+        longest = symbolic.current().fresh_size(bound)
+    return _ctc_loss(log_probs, targets, longest)
+
+
+@rule(aten.linalg_lstsq.default)
+def linalg_lstsq(self: torch.Tensor, b: torch.Tensor, rcond=None, *, driver=None):
+    """(solution, residuals, rank, singular_values). The solution's shape is static; what the other
+    three hold depends on the driver (CPU default "gelsy", CUDA "gels"), and the residuals of "gelsd"
+    and "gelss" exist only when the matrix has full rank: a fact about the data."""
+    device = context.node_device()
+    driver = driver or ("gelsy" if device is None or device.type == "cpu" else "gels")
+    check(driver in ("gels", "gelsy", "gelsd", "gelss"),
+          lambda: f"torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss), got {driver}")
+    check(self.dim() >= 2, lambda: f"torch.linalg.lstsq: input must have at least 2 dimensions, got {self.dim()}")
+    vector = b.dim() == self.dim() - 1
+    rows, columns = self.shape[-2], self.shape[-1]
+    batch = torch.broadcast_shapes(self.shape[:-2], b.shape[:-1] if vector else b.shape[:-2])
+    rhs = 1 if vector else b.shape[-1]
+    taller = max(rows, columns)
+    buffer = torch.empty_strided((*batch, taller, rhs), (*_contiguous(batch, taller * rhs), 1, taller),
+                                 dtype=self.dtype, device="meta")
+    solution = buffer.narrow(-2, 0, columns)
+    if vector:
+        solution = solution.squeeze(-1)
+    real_dtype = self.real.dtype if self.is_complex() else self.dtype
+    rank = (torch.empty(batch, dtype=torch.int64, device="meta") if driver != "gels"
+            else torch.empty((0,), dtype=torch.int64, device="meta"))
+    singular_values = (torch.empty((*batch, min(rows, columns)), dtype=real_dtype, device="meta")
+                       if driver in ("gelsd", "gelss") else torch.empty((0,), dtype=real_dtype, device="meta"))
+    if driver == "gelsy" or rows <= columns:
+        residuals = torch.empty((0,), dtype=real_dtype, device="meta")
+    elif driver == "gels":
+        residuals = torch.empty((*batch, rhs) if not vector else batch, dtype=real_dtype, device="meta")
+    else:
+        raise DataDependentError(f"torch.linalg.lstsq: with driver {driver!r} the residuals exist only when the "
+                                 "matrix has full rank, which depends on its values")
+    return solution, residuals, rank, singular_values
+
+
+def _contiguous(batch: tuple, inner: int) -> tuple:
+    strides, running = [], inner
+    for size in reversed(batch):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from torch._prims_common import suggest_memory_format
 
 from .. import context
-from .registry import rule
+from ..registry import rule
+from ..torch_compat import suggest_memory_format
 
 aten = torch.ops.aten
 

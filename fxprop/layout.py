@@ -16,8 +16,8 @@ from numbers import Number
 from typing import Any, Sequence
 
 import torch
-from torch._prims_common import (is_non_overlapping_and_dense_or_false, make_channels_last_2d_strides_for,
-                                 make_contiguous_strides_for)
+from .torch_compat import (OpOverload, is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
+                           make_channels_last_2d_strides_for, make_contiguous_strides_for)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
 # add.Scalar(self, other), eq.Scalar(self, other) or special_zeta.self_scalar(self, other) --
@@ -44,7 +44,7 @@ _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.defa
 
 
 @lru_cache(maxsize=None)
-def _operand_arguments(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...] | None:
+def _operand_arguments(op: OpOverload) -> tuple[tuple[int, str], ...] | None:
     """(position, name) of the arguments that are TensorIterator operands, or None when the op's
     results are not laid out by TensorIterator (not elementwise, a view, writing in place, or
     told a memory format)."""
@@ -65,7 +65,7 @@ def _operand_arguments(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]
     return tuple(operands)
 
 
-def operands_of(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any] | None:
+def operands_of(op: OpOverload, args: tuple, kwargs: dict) -> list[Any] | None:
     """The tensors and wrapped numbers an elementwise ``op`` iterates over, in argument order."""
     arguments = _operand_arguments(op)
     if not arguments:
@@ -148,7 +148,7 @@ def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
     return tuple(result)
 
 
-def relayout(op: torch._ops.OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
+def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     """``result`` of an elementwise ``op`` restrided as TensorIterator lays it out; other ops' results
     are returned as they are."""
     operands = operands_of(op, args, kwargs)

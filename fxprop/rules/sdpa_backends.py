@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend
 
 from ..errors import PropagationError
 from ..symbolic import resolve
+from ..torch_compat import sdp_priority_order
 
 aten = torch.ops.aten
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -144,11 +145,7 @@ def enabled_backends() -> tuple[SDPBackend, ...]:
 
 
 def priority_order() -> list[SDPBackend]:
-    order = getattr(torch._C, "_get_sdp_priority_order", None)
-    if order is None:
-        return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
-                SDPBackend.CUDNN_ATTENTION]
-    return [SDPBackend(int(b)) for b in order()]
+    return [SDPBackend(int(b)) for b in sdp_priority_order()]
 
 
 def refusals(backend: SDPBackend, call: Call) -> list[str]:

@@ -1,0 +1,87 @@
+"""Who is to blame when a node fails: the model, fxprop's limits, or fxprop itself.
+
+A failure is the model's (`PropagationError`) only where real execution would refuse too:
+torch refused the call (its checks, its kernels, its argument parsing) or the user's own
+code raised. A failure is fxprop's own (`InternalError`) when the exception started in
+fxprop's code, outside the few lines where fxprop hands a call to torch (`boundary`).
+Failures that come from having no data (a meta tensor asked for values, a size that depends
+on data) are `UnsupportedError`s: the model is fine, fxprop cannot answer.
+
+Hand-written rules refuse through ``torch._check`` (whose exception starts in torch) or by
+raising an `FxpropError`; any other exception escaping a rule's own lines is the rule's bug.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from . import registry, torch_compat
+from .errors import DataDependentError, FxpropError, InternalError, NodeError, PropagationError, UnsupportedError
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch_compat.torch.__file__))
+_BOUNDARIES: set = set()
+
+# torch's words for "this needs data a meta tensor does not have".
+_NO_DATA_PHRASES = ("meta tensor", "'meta' backend", "data-dependent", "no data!", "copy out of meta",
+                    "unbacked symbol")
+
+
+def boundary(fn: Callable) -> Callable:
+    """Mark ``fn`` as a place where fxprop hands a call to torch or to the user's code: an
+    exception raised by the callee's C++ directly in this frame is the callee's, not fxprop's."""
+    _BOUNDARIES.add(fn.__code__)
+    return fn
+
+
+def blame(error: BaseException) -> NodeError:
+    """The `NodeError` that says who failed, with ``error`` as its cause (not yet placed at a node)."""
+    if isinstance(error, NodeError):
+        return error
+    if isinstance(error, FxpropError):  # an InputError or registration error raised mid-walk is fxprop's doing
+        return _caused(InternalError(f"{type(error).__name__}: {error}"), error)
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, torch_compat.DATA_DEPENDENT_ERRORS):
+        return _caused(DataDependentError(f"the result depends on the data: {_first_line(error)}"), error)
+    frame = _fxprop_frame(error)
+    if frame is not None:
+        return _caused(InternalError(f"{text}, raised in {_where(frame)}"), error)
+    if any(phrase in str(error).lower() for phrase in _NO_DATA_PHRASES):
+        return _caused(UnsupportedError(text), error)
+    return _caused(PropagationError(text, error_type=type(error)), error)
+
+
+def _fxprop_frame(error: BaseException) -> Any:
+    """The innermost frame that is not a helper of the user's, when it is fxprop's: its own code
+    or a registered rule's body (else None). A torch frame there means torch refused; a boundary
+    frame means the callee (torch's C++, the user's module) raised directly."""
+    frames = []
+    traceback = error.__traceback__
+    while traceback is not None:
+        frames.append(traceback)
+        traceback = traceback.tb_next
+    for frame in reversed(frames):
+        code = frame.tb_frame.f_code
+        if code in _BOUNDARIES:
+            return None
+        path = os.path.abspath(code.co_filename)
+        if path.startswith(_PACKAGE_DIR + os.sep) or registry.is_rule_code(code):
+            return frame
+        if path.startswith(_TORCH_DIR + os.sep):
+            return None
+    return None
+
+
+def _where(frame: Any) -> str:
+    code = frame.tb_frame.f_code
+    return f"{getattr(code, 'co_qualname', code.co_name)} ({os.path.basename(code.co_filename)}:{frame.tb_lineno})"
+
+
+def _caused(placed: NodeError, cause: BaseException) -> NodeError:
+    placed.__cause__ = cause
+    return placed
+
+
+def _first_line(error: Any) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,407 @@
+"""FLOPs of one node, by the formulas of `torch.utils.flop_counter`, without running anything.
+
+An aten node whose op has a formula is counted straight from its annotated inputs, and so is a
+call of a recurrent module (`recurrent_flops`). Any other node that may reach such an op (a
+torch-level call, a module, a composite aten op) is re-dispatched on meta tensors
+built from its inputs' annotations, under `CountingMode`, which applies the formulas to every
+aten op the call reaches, as `FlopCounterMode` does when the graph really runs. Module calls
+run on a copy whose parameters and buffers are meta tensors (`MetaShadows`).
+
+The formulas are torch's `flop_registry` plus the CPU kernels it misses (`EXTRA_FORMULAS`):
+on a CPU, attention and LSTMs run fused kernels that `FlopCounterMode` would count as zero;
+they are counted like the kernels torch does register for the same work.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils import flop_counter
+
+from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
+                            has_kernel_for_dispatch_key)
+
+aten = torch.ops.aten
+
+
+def _rnn_layer_flops(input_shape, weight_ih_shape, weight_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    """One oneDNN RNN layer: the input and hidden projections of every gate at every step,
+    what the composite RNN path counts as addmm/mm (``2 * steps * batch * gates * (in + hidden)``)."""
+    steps_times_batch = input_shape[0] * input_shape[1]
+    gates, width = weight_ih_shape
+    hidden = weight_hh_shape[1]
+    return 2 * steps_times_batch * gates * (width + hidden)
+
+
+def _rnn_layer_backward_flops(input_shape, weight_ih_shape, weight_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    """The gradients of both projections, for the inputs and for the weights: twice the forward."""
+    return 2 * _rnn_layer_flops(input_shape, weight_ih_shape, weight_hh_shape)
+
+
+def recurrent_flops(module: nn.RNNBase, input_shape: Any) -> Any:
+    """An ``nn.RNN``/``nn.GRU``/``nn.LSTM`` call: what its composite path counts as addmm/mm, and
+    its fused CPU kernel by `EXTRA_FORMULAS` (a formula, so that symbolic steps need no loop).
+
+    >>> recurrent_flops(nn.LSTM(8, 16, num_layers=2, batch_first=True), (3, 5, 8))
+    107520
+    """
+    steps_times_batch = 1
+    for size in input_shape[:-1]:
+        steps_times_batch = steps_times_batch * size
+    directions = 2 if module.bidirectional else 1
+    gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1) * module.hidden_size
+    projected = getattr(module, "proj_size", 0) or 0
+    hidden = projected or module.hidden_size
+    total: Any = 0
+    for layer in range(module.num_layers):
+        width = module.input_size if layer == 0 else hidden * directions
+        per_direction = 2 * steps_times_batch * gates * (width + hidden)
+        if projected:
+            per_direction = per_direction + 2 * steps_times_batch * module.hidden_size * projected
+        total = total + directions * per_direction
+    return total
+
+
+EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.sdpa_flop.__wrapped__,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_counter.sdpa_backward_flop.__wrapped__,
+    aten.mkldnn_rnn_layer: _rnn_layer_flops,
+    aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flops,
+}
+"""Formulas (on shapes) for the fused CPU kernels that `torch.utils.flop_counter.flop_registry`
+misses; ``FlopCounterMode(custom_mapping=EXTRA_FORMULAS)`` counts real execution the same way."""
+
+FORMULAS: dict[Any, Callable[..., int]] = {
+    **flop_counter.flop_registry, **{op: flop_counter.shape_wrapper(f) for op, f in EXTRA_FORMULAS.items()}}
+"""Every formula used, keyed by op packet, each taking ``(*args, out_val=..., **kwargs)``."""
+
+_SHAPE_QUERIES = frozenset({
+    aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
+    aten.is_strides_like_format.default, aten.is_non_overlapping_and_dense.default, aten.size.default,
+    aten.sym_size.default, aten.stride.default, aten.sym_stride.default, aten.storage_offset.default,
+    aten.sym_storage_offset.default, aten.numel.default, aten.sym_numel.default, aten.dim.default,
+    torch.ops.prim.layout.default})
+
+
+class CountingMode(TorchDispatchMode):
+    """Adds up `FORMULAS` over the aten ops dispatched inside it, decomposing as FlopCounterMode does.
+
+    >>> with CountingMode() as counting:
+    ...     _ = torch.empty(8, 16, device="meta") @ torch.empty(16, 4, device="meta")
+    >>> counting.flops
+    1024
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: Any = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SHAPE_QUERIES:
+            return NotImplemented
+        if isinstance(func, HigherOrderOperator):
+            return NotImplemented
+        if func is not torch.ops.prim.device.default:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        formula = FORMULAS.get(func._overloadpacket)
+        if formula is not None:
+            self.flops = self.flops + formula(*args, **kwargs, out_val=out)
+        return out
+
+
+class Uncacheable(Exception):
+    pass
+
+
+class MetaShadows:
+    """Copies of modules whose parameters and buffers are meta tensors; the user's modules are
+    only read. One copy per module and one meta tensor per real tensor, for one estimate."""
+
+    def __init__(self) -> None:
+        self._modules: dict[int, nn.Module] = {}
+        self._tensors: dict[int, torch.Tensor] = {}
+        self._keys: dict[int, Hashable | None] = {}
+        self._keepalive: list[Any] = []
+
+    def tensor(self, real: torch.Tensor) -> torch.Tensor:
+        found = self._tensors.get(id(real))
+        if found is None:
+            meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="meta")
+            if isinstance(real, nn.Parameter):
+                meta = nn.Parameter(meta, requires_grad=real.requires_grad)
+            self._tensors[id(real)] = found = meta
+            self._keepalive.append(real)
+        return found
+
+    def module(self, real: nn.Module) -> nn.Module:
+        found = self._modules.get(id(real))
+        if found is not None:
+            return found
+        clone = real.__class__.__new__(real.__class__)
+        self._modules[id(real)] = clone
+        self._keepalive.append(real)
+        state = dict(real.__dict__)
+        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in real._parameters.items()}
+        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in real._buffers.items()}
+        state["_modules"] = {k: None if m is None else self.module(m) for k, m in real._modules.items()}
+        for key, item in real.__dict__.items():
+            if key in ("_parameters", "_buffers", "_modules"):
+                continue
+            if isinstance(item, torch.Tensor):
+                state[key] = self.tensor(item)
+            elif isinstance(item, (list, tuple)) and item and all(isinstance(t, torch.Tensor) for t in item):
+                state[key] = type(item)(self.tensor(t) for t in item)  # e.g. nn.LSTM's _flat_weights
+        clone.__dict__ = state
+        return clone
+
+    def key(self, real: nn.Module) -> Hashable:
+        """What a module's call depends on besides its inputs; Uncacheable for anything unusual."""
+        if id(real) not in self._keys:
+            try:
+                self._keys[id(real)] = _module_key(real, self)
+            except (Uncacheable, TypeError):
+                self._keys[id(real)] = None
+        found = self._keys[id(real)]
+        if found is None:
+            raise Uncacheable
+        return found
+
+
+def _module_key(module: nn.Module, shadows: MetaShadows) -> Hashable:
+    if "forward" in module.__dict__:
+        raise Uncacheable
+    parts: list[Hashable] = [type(module)]
+    for name, item in module.__dict__.items():
+        if "hook" in name:
+            if item:
+                raise Uncacheable
+        elif name in ("_parameters", "_buffers"):
+            parts.append(tuple((k, None if t is None else _tensor_key(t)) for k, t in item.items()))
+        elif name == "_modules":
+            parts.append(tuple((k, None if m is None else shadows.key(m)) for k, m in item.items()))
+        elif not _is_weak(item):
+            parts.append((name, signature(item)))
+    return tuple(parts)
+
+
+def _is_weak(item: Any) -> bool:
+    import weakref
+    return isinstance(item, weakref.ref) or (isinstance(item, list) and bool(item)
+                                             and all(isinstance(r, weakref.ref) for r in item))
+
+
+def _size_key(size: Any) -> Hashable:
+    return str(size.node.expr) if isinstance(size, torch.SymInt) else size
+
+
+def _tensor_key(tensor: torch.Tensor) -> Hashable:
+    return ("tensor", tuple(map(_size_key, tensor.shape)), tuple(map(_size_key, tensor.stride())), tensor.dtype,
+            tensor.requires_grad)
+
+
+_PLAIN = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
+          type(Ellipsis))
+
+
+def signature(value: Any) -> Hashable:
+    """A hashable stand-in for an argument: tensors by their metadata, python values by value."""
+    if isinstance(value, torch.Tensor):
+        return _tensor_key(value)
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", str(value.node.expr))
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(signature(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((key, signature(item)) for key, item in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(signature(item) for item in value))
+    if isinstance(value, slice):
+        return ("slice", signature(value.start), signature(value.stop), signature(value.step))
+    raise Uncacheable
+
+
+_FREE_FUNCTIONS = frozenset({operator.getitem, getattr, len, isinstance, torch.Tensor.size, torch.Tensor.dim})
+_FREE_METHODS = frozenset({"size", "dim", "numel", "stride", "view", "reshape", "transpose", "permute", "contiguous",
+                           "unsqueeze", "squeeze", "flatten", "expand", "expand_as", "t", "split", "chunk",
+                           "unbind", "narrow", "select", "to", "float", "half", "bfloat16", "type_as", "detach",
+                           "clone", "view_as", "item", "tolist", "storage_offset", "is_contiguous"})
+"""Tensor methods that reach no op with a formula: counted as 0 without a re-dispatch."""
+
+
+def _has_formula(op: OpOverload) -> bool:
+    return op._overloadpacket in FORMULAS
+
+
+def _may_reach_formulas(op: OpOverload) -> bool:
+    """Whether dispatching ``op`` can reach other ops: only a composite (implicit) kernel decomposes
+    before or inside a dispatch mode; any other kernel is counted as the op itself."""
+    return has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+
+
+class FlopCounter:
+    """Counts the FLOPs of the nodes of one annotated graph (`count`), memoizing re-dispatches."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.gm = gm
+        self.shadows = MetaShadows()
+        self.memo: dict[Hashable, Any] = {}
+        self.failures: dict[str, str] = {}
+
+    def count(self, node: torch.fx.Node) -> Any:
+        """The FLOPs of ``node`` (an int, or a SymInt for symbolic sizes); 0 for nodes that do no math."""
+        if node.op not in ("call_function", "call_method", "call_module"):
+            return 0
+        args = torch.fx.node.map_arg(node.args, _annotation)
+        kwargs = torch.fx.node.map_arg(node.kwargs, _annotation)
+        direct = self.direct(node, args, kwargs)
+        if direct is not None:
+            return direct
+        try:
+            key = (node.op, self.shadows.key(self.gm.get_submodule(node.target)) if node.op == "call_module"
+                   else node.target, signature(args), signature(kwargs))
+            hash(key)
+        except (Uncacheable, TypeError):
+            key = None
+        if key is not None and key in self.memo:
+            return self.memo[key]
+        try:
+            flops = self.redispatch(node, args, kwargs)
+        except Exception as error:
+            flops = self.probe(node, args, kwargs, error)
+            if flops is None:  # the node's own math is unknown: counted as 0, and the estimate names it
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                self.failures[node.name] = f"{type(error).__name__}: {first_line}"
+                return 0
+        if key is not None:
+            self.memo[key] = flops
+        return flops
+
+    def direct(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+        """The count without a re-dispatch, where the target tells it; None where it does not."""
+        target = node.target
+        if isinstance(target, OpOverload):
+            if _has_formula(target):
+                return FORMULAS[target._overloadpacket](*args, **kwargs, out_val=node.meta.get("val"))
+            return None if _may_reach_formulas(target) else 0
+        if node.op == "call_method" and target in _FREE_METHODS or node.op == "call_function" and _is_free(target):
+            return 0
+        if node.op == "call_module":
+            module = self.gm.get_submodule(str(target))
+            if isinstance(module, nn.RNNBase) and args and isinstance(args[0], torch.Tensor):
+                return recurrent_flops(module, args[0].shape)
+            return None
+        return None if _holds_tensor((args, kwargs)) else 0
+
+    def redispatch(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = _to_meta((args, kwargs))
+        if node.op == "call_module":
+            call = self.shadows.module(self.gm.get_submodule(node.target))
+        elif node.op == "call_method":
+            call, args = getattr(args[0], node.target), args[1:]
+        else:
+            call = node.target
+        symbolic = _is_symbolic((args, kwargs))
+        with torch.no_grad(), torch.device("meta"), _python_dispatcher(symbolic), CountingMode() as counting:
+            call(*args, **kwargs)
+        return counting.flops
+
+    def probe(self, node: torch.fx.Node, args: tuple, kwargs: dict, error: Exception) -> Any:
+        """0 for a call that failed on symbolic sizes but counts 0 at two sets of concrete ones
+        (a data movement such as ``repeat_interleave``); None otherwise."""
+        if not _is_symbolic((args, kwargs)):
+            return None
+        for probe in _PROBE_SIZES:
+            try:
+                if self.redispatch(node, *_concrete((args, kwargs), probe)) != 0:
+                    return None
+            except Exception:
+                return None
+        return 0
+
+
+_PROBE_SIZES = (5, 7)
+
+
+def _concrete(value: Any, probe: int) -> Any:
+    """``value`` with every symbolic size evaluated with all its symbols set to ``probe``."""
+    if isinstance(value, torch.Tensor) and _is_symbolic(value):
+        return torch.empty(tuple(_concrete(size, probe) for size in value.shape), dtype=value.dtype, device="meta")
+    if isinstance(value, torch.SymInt):
+        from .sizes import number
+        expr = number(value)
+        return int(expr.xreplace({symbol: probe for symbol in expr.free_symbols})) if hasattr(expr, "xreplace") \
+            else int(expr)
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        items = [_concrete(item, probe) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, torch.Size):
+        return tuple(_concrete(item, probe) for item in value)
+    if isinstance(value, dict):
+        return {key: _concrete(item, probe) for key, item in value.items()}
+    return value
+
+
+def _is_free(target: Any) -> bool:
+    try:
+        return target in _FREE_FUNCTIONS
+    except TypeError:
+        return False
+
+
+def _annotation(node: torch.fx.Node) -> Any:
+    return node.meta.get("val")
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(item) for item in value.values())
+    return False
+
+
+def _is_symbolic(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(size, torch.SymInt) for size in value.shape)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_is_symbolic(item) for item in value)
+    if isinstance(value, dict):
+        return any(_is_symbolic(item) for item in value.values())
+    return False
+
+
+def _to_meta(value: Any) -> Any:
+    """Annotations as plain meta tensors (devices as "meta"), each tensor a fresh one of its own."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, torch.device):
+        return torch.device("meta")
+    if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+        items = [_to_meta(item) for item in value]
+        if isinstance(value, list):
+            return items
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {key: _to_meta(item) for key, item in value.items()}
+    return value
+
+
+def _python_dispatcher(symbolic: bool):
+    if not symbolic:
+        return contextlib.nullcontext()
+    return enable_python_dispatcher()

@@ -1,0 +1,225 @@
+"""Live storages while a graph runs in node order, read from its annotations.
+
+The model (what `torch.fx.Interpreter(gm, garbage_collect_values=True)` keeps alive):
+
+- the storages of placeholders (the caller holds them), of ``get_attr`` tensors and of the
+  parameters and buffers of every called module (the module holds them) are live from the
+  start and never die: they are *resident*;
+- a node's outputs that are new storages (not views or aliases of a live one) become live
+  when it runs;
+- a value dies after its last user has run, unless it is a graph output or has no user at all
+  (the interpreter keeps both to the end); a storage stays live while any live value views it;
+- live bytes are the sum of the sizes of the distinct live storages, taken just after each
+  node, before the values it used for the last time are freed.
+
+A storage's size is the ``untyped_storage().nbytes()`` real execution allocates; aliasing is
+read from the annotations, where a view shares the storage of its base.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterable
+
+import torch
+import torch.fx
+
+from ..torch_compat import FakeTensor, OpOverload
+
+
+@dataclass
+class Storage:
+    device: str
+    nbytes: Any
+    created_by: str | None = None  # None: resident (an input or module state)
+
+
+@dataclass
+class MemoryTrace:
+    """Per node: bytes it allocated and live bytes just after it, each per device."""
+    allocated: dict[str, dict[str, Any]] = field(default_factory=dict)
+    live: dict[str, dict[str, Any]] = field(default_factory=dict)
+    input_bytes: dict[str, Any] = field(default_factory=dict)
+    state_bytes: dict[str, Any] = field(default_factory=dict)
+    storages: dict[Hashable, Storage] = field(default_factory=dict)
+    keys_of: dict[torch.fx.Node, tuple] = field(default_factory=dict)
+    resident: set = field(default_factory=set)
+
+    def bytes_of(self, keys: Iterable[Hashable]) -> dict[str, Any]:
+        """Total size per device of the distinct storages ``keys``."""
+        totals: dict[str, Any] = {}
+        for key in dict.fromkeys(keys):
+            storage = self.storages[key]
+            totals[storage.device] = totals.get(storage.device, 0) + storage.nbytes
+        return totals
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of a node's value: a tensor, or tuples, lists and dicts of them."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [tensor for item in value for tensor in tensors_in(item)]
+    if isinstance(value, dict):
+        return [tensor for item in value.values() for tensor in tensors_in(item)]
+    return []
+
+
+def storage_key(tensor: torch.Tensor) -> Hashable:
+    return tensor.untyped_storage()._cdata
+
+
+def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_device: str | None = None,
+                 real_inputs: list | None = None) -> MemoryTrace:
+    """Walk ``gm`` in node order under the model above; ``number`` turns sizes (SymInts) into numbers."""
+    trace = MemoryTrace()
+    aliases = _resident(gm, trace, number, param_device, real_inputs)
+    nodes = list(gm.graph.nodes)
+    for node in nodes:
+        keys = []
+        declared = _declared_aliases(node)
+        for index, tensor in enumerate(tensors_in(node.meta.get("val"))):
+            source = declared(index)
+            if source is not None and trace.keys_of.get(source):
+                aliases.setdefault(storage_key(tensor), trace.keys_of[source][0])  # later views of it follow
+            key = aliases.get(storage_key(tensor), storage_key(tensor))
+            if key not in trace.storages:
+                trace.storages[key] = Storage(str(tensor.device), number(tensor.untyped_storage().nbytes()), node.name)
+            keys.append(key)
+        trace.keys_of[node] = tuple(dict.fromkeys(keys))
+    last_uses = _last_uses(nodes)
+    devices = sorted({storage.device for storage in trace.storages.values()})
+    live = {device: 0 for device in devices}
+    for key in trace.resident:
+        storage = trace.storages[key]
+        live[storage.device] = live[storage.device] + storage.nbytes
+    references: dict[Hashable, int] = {}
+    for node in nodes:
+        allocated: dict[str, Any] = {}
+        for key in trace.keys_of[node]:
+            if key in trace.resident:
+                continue
+            if not references.get(key):
+                storage = trace.storages[key]
+                allocated[storage.device] = allocated.get(storage.device, 0) + storage.nbytes
+                live[storage.device] = live[storage.device] + storage.nbytes
+            references[key] = references.get(key, 0) + 1
+        trace.allocated[node.name] = allocated
+        trace.live[node.name] = dict(live)
+        if node.op == "output":
+            continue
+        for dead in last_uses.get(node, ()):
+            for key in trace.keys_of[dead]:
+                if key in trace.resident:
+                    continue
+                references[key] -= 1
+                if not references[key]:
+                    storage = trace.storages[key]
+                    live[storage.device] = live[storage.device] - storage.nbytes
+    return trace
+
+
+_DETACH_METHODS = frozenset({"detach", "detach_"})
+_UNDECLARED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})  # views that their schema does not mark
+
+
+def _declared_aliases(node: torch.fx.Node) -> Callable[[int], torch.fx.Node | None]:
+    """For the i-th output tensor of ``node``, the input node it aliases by the op's schema (``Tensor(a)``).
+
+    Annotations already share storages for views; this also covers aliases that are not views
+    (``detach``, ``alias``) and views that the schema does not mark (``_unsafe_view``), whose
+    annotations may come back as storages of their own.
+    """
+    target = node.target
+    if (node.op == "call_method" and target in _DETACH_METHODS or target in (torch.detach, torch.Tensor.detach)
+            or target in _UNDECLARED_VIEWS):
+        source = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        return lambda index: source
+    if node.op != "call_function" or not isinstance(target, OpOverload):
+        return lambda index: None
+    schema = target._schema
+    bound: dict[str, Any] = {argument.name: value for argument, value in zip(schema.arguments, node.args)}
+    bound.update(node.kwargs)
+    sources = []
+    for returned in schema.returns:
+        found = None
+        if returned.alias_info is not None:
+            for argument in schema.arguments:
+                value = bound.get(argument.name)
+                if (argument.alias_info is not None and isinstance(value, torch.fx.Node)
+                        and argument.alias_info.before_set & returned.alias_info.before_set):
+                    found = value
+                    break
+        sources.append(found)
+    if len(sources) == 1:
+        return lambda index: sources[0]
+    return lambda index: sources[index] if index < len(sources) else None
+
+
+def _last_uses(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each node, the values whose last user it is (as `torch.fx.Interpreter` computes it)."""
+    seen: set[torch.fx.Node] = set()
+    last_uses: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in reversed(nodes):
+        for used in node.all_input_nodes:
+            if used not in seen:
+                seen.add(used)
+                last_uses.setdefault(node, []).append(used)
+    return last_uses
+
+
+def _resident(gm: torch.fx.GraphModule, trace: MemoryTrace, number: Callable[[Any], Any], param_device: str | None,
+              real_inputs: list | None) -> dict[Hashable, Hashable]:
+    """Register inputs and module state; returns the aliases of annotation storages to real ones."""
+    aliases: dict[Hashable, Hashable] = {}
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    for index, node in enumerate(placeholders):
+        real = real_inputs[index] if real_inputs is not None and index < len(real_inputs) else None
+        for tensor in tensors_in(node.meta.get("val")):
+            key = storage_key(tensor)
+            if isinstance(real, torch.Tensor) and _holds_memory(real) and len(tensors_in(node.meta.get("val"))) == 1:
+                aliases[key] = key = ("input", storage_key(real))  # two inputs viewing one storage count once
+            _add_resident(trace, trace.input_bytes, key, str(tensor.device), lambda: tensor.untyped_storage().nbytes(),
+                          number)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            real = _attribute(gm, str(node.target))
+            for tensor in tensors_in(node.meta.get("val")):
+                key = storage_key(tensor)
+                if isinstance(real, torch.Tensor):
+                    aliases[key] = key = ("state", storage_key(real))
+                    size = real.untyped_storage().nbytes
+                else:
+                    size = tensor.untyped_storage().nbytes
+                _add_resident(trace, trace.state_bytes, key, str(tensor.device), size, number)
+        elif node.op == "call_module":
+            module = gm.get_submodule(str(node.target))
+            outputs = tensors_in(node.meta.get("val"))
+            fallback = param_device or (str(outputs[0].device) if outputs else "meta")
+            for tensor in (*module.parameters(), *module.buffers()):
+                device = fallback if tensor.device.type == "meta" else str(tensor.device)
+                _add_resident(trace, trace.state_bytes, ("state", storage_key(tensor)), device,
+                              tensor.untyped_storage().nbytes, number)
+    return aliases
+
+
+def _add_resident(trace: MemoryTrace, totals: dict[str, Any], key: Hashable, device: str, size: Callable[[], Any],
+                  number: Callable[[Any], Any]) -> None:
+    if key in trace.resident:
+        return
+    nbytes = number(size())
+    trace.resident.add(key)
+    trace.storages[key] = Storage(device, nbytes)
+    totals[device] = totals.get(device, 0) + nbytes
+
+
+def _holds_memory(tensor: torch.Tensor) -> bool:
+    return tensor.device.type != "meta" and not isinstance(tensor, FakeTensor)
+
+
+def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
+    owner: Any = gm
+    for part in target.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner

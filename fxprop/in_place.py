@@ -1,0 +1,56 @@
+"""What the real kernels check when an op writes its result into ``self``.
+
+An in-place op (tagged ``inplace``, e.g. ``add_``, ``ge_``, ``addmm_``, ``masked_fill_``) must
+produce a result of exactly ``self``'s shape, and for ops that compute a new dtype the result
+type must cast to ``self``'s (TensorIterator's ``check_can_cast``). torch's meta kernels resize
+``self`` instead (``a.ge_(b)`` with ``a`` (5, 1) and ``b`` (5, 5) becomes (5, 5)) or keep a result
+type that cannot be written back. The functional twin of the op (``add`` for ``add_``) says what
+the result would be, computed on meta before the in-place kernel runs.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from .torch_compat import OpOverload, check
+
+aten = torch.ops.aten
+_RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
+
+
+@lru_cache(maxsize=None)
+def functional_twin(op: OpOverload) -> OpOverload | None:
+    """``aten.add.Tensor`` for ``aten.add_.Tensor``; None when ``op`` writes no ``self`` or has no twin."""
+    if torch.Tag.inplace not in op.tags or op.namespace != "aten":
+        return None
+    name = op._schema.name.split("::", 1)[1]
+    packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
+    overload = getattr(packet, op._overloadname, None) if packet is not None else None
+    if overload is None or [a.name for a in overload._schema.arguments] != [a.name for a in op._schema.arguments]:
+        return None
+    if overload.is_view or name == "t_" or any(part in name for part in _RESHAPING_SELF):
+        return None  # unsqueeze_, transpose_, resize_ are meant to change self's shape
+    return overload
+
+
+def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Refuse an in-place call whose result would not fit ``self`` as real kernels refuse it."""
+    twin = functional_twin(op)
+    if twin is None or not args or not isinstance(args[0], torch.Tensor):
+        return
+    self = args[0]
+    result = twin(*args, **kwargs)
+    if not isinstance(result, torch.Tensor):
+        return
+    check(result.shape == self.shape,
+          lambda: f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}")
+    if torch.Tag.pointwise in op.tags:
+        check(torch.can_cast(result.dtype, self.dtype),
+              lambda: f"result type {_name(result.dtype)} can't be cast to the desired output type {_name(self.dtype)}")
+
+
+def _name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))

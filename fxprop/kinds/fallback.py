@@ -1,0 +1,115 @@
+"""The real-tensor fallback: for an op no other rule covers, run it once on the host.
+
+Inputs are materialized on the host CPU whatever their logical device. Tensors whose values
+are known (small integer tensors the user passed in for real) keep them; the others are
+synthesized: floating values drawn from a private generator seeded afresh for every call
+(never torch's global one), integer and bool tensors zeros, so every index is in range. Ops
+that draw random numbers get the private generator too. The op's results are turned into
+meta tensors and the real tensors dropped at once; the bytes it needed (inputs and outputs)
+are reported and capped.
+
+Only metadata is kept. A python value the op returns (a bool, a number) was computed from
+synthesized data unless every input was known, so it becomes a fresh data-dependent symbol.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import symbolic
+from ..blame import boundary
+from ..errors import FallbackLimitError
+from ..torch_compat import OpOverload, pytree
+
+REAL_VALUE_LIMIT = 1 << 16  # elements: larger user tensors are never kept for the fallback
+_SEED = 0x5EED
+
+
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of the smallest storage that backs ``tensor``'s view."""
+    if tensor.numel() == 0:
+        return 0
+    extent = tensor.storage_offset() + 1 + sum((size - 1) * abs(stride) for size, stride in zip(tensor.shape, tensor.stride()))
+    return int(extent) * tensor.element_size()
+
+
+def materialize(meta: torch.Tensor, real_values: dict[int, torch.Tensor],
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """A host tensor standing in for ``meta``: its known values, else synthesized ones."""
+    known = real_values.get(id(meta))
+    if known is not None:
+        return known.detach().to("cpu", copy=True)
+    extent = storage_bytes(meta) // max(meta.element_size(), 1)
+    base = torch.empty(extent, dtype=meta.dtype, device="cpu")
+    if meta.dtype.is_floating_point or meta.dtype.is_complex:
+        base.copy_(torch.randn(extent, generator=generator or torch.Generator().manual_seed(_SEED), device="cpu"))
+    else:
+        base.zero_()
+    return base.as_strided(meta.shape, meta.stride(), meta.storage_offset())
+
+
+def to_meta(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+        return value
+    offset = value.storage_offset()
+    if offset == 0:
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    extent = storage_bytes(value) // value.element_size()
+    return torch.empty(extent, dtype=value.dtype, device="meta").as_strided(value.shape, value.stride(), offset)
+
+
+def _over_limit(op: Any, needed: int, limit: int, what: str) -> FallbackLimitError:
+    return FallbackLimitError(
+        f"{op}: no rule covers this op, and running it on real tensors would need {needed:,} bytes "
+        f"({what}), over the fallback limit of {limit:,} bytes "
+        "(raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
+
+
+@boundary
+def _call(op: Callable, args: tuple, kwargs: dict) -> Any:
+    with torch.no_grad():
+        return op(*args, **kwargs)
+
+
+def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
+                real_values: dict[int, torch.Tensor]) -> tuple[Any, int]:
+    """Run ``op`` on host tensors standing in for the meta ones; return meta results and bytes used."""
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    metas = [(i, value) for i, value in enumerate(flat) if isinstance(value, torch.Tensor) and value.device.type == "meta"]
+    needed = sum(storage_bytes(value) for _, value in metas)
+    if needed > limit_bytes:
+        raise _over_limit(op, needed, limit_bytes, "its inputs")
+    generator = torch.Generator().manual_seed(_SEED)
+    real_flat = list(flat)
+    for i, value in metas:
+        real_flat[i] = materialize(value, real_values, generator)
+    real_args, real_kwargs = pytree.tree_unflatten(real_flat, spec)
+    if _takes_generator(op) and real_kwargs.get("generator") is None:
+        real_kwargs["generator"] = generator
+    result = _call(op, real_args, real_kwargs)
+    produced = sum(storage_bytes(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
+                   and not any(t is real_flat[i] for i, _ in metas))
+    if needed + produced > limit_bytes:
+        raise _over_limit(op, needed + produced, limit_bytes, "its inputs and outputs")
+    exact = all(id(value) in real_values for _, value in metas)
+    aliases = {id(real_flat[i]): value for i, value in metas}
+    meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)
+    return meta_result, needed + produced
+
+
+def _to_static(leaf: Any, aliases: dict[int, torch.Tensor], exact: bool) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        alias = aliases.get(id(leaf))
+        return alias if alias is not None else to_meta(leaf)
+    if not exact and isinstance(leaf, (bool, int, float)):
+        return symbolic.current().fresh_value(_dtype_of(leaf))
+    return leaf
+
+
+def _dtype_of(value: bool | int | float) -> torch.dtype:
+    return torch.bool if isinstance(value, bool) else torch.int64 if isinstance(value, int) else torch.float64
+
+
+def _takes_generator(op: Any) -> bool:
+    return isinstance(op, OpOverload) and any(argument.name == "generator" for argument in op._schema.arguments)

@@ -1,0 +1,17 @@
+"""Running torch's meta kernel for an aten op, checked and laid out as the real kernels would."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import layout
+from ..blame import boundary
+from ..in_place import check_writes_into_self
+from ..torch_compat import OpOverload
+
+
+@boundary
+def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """``op`` on meta tensors: an in-place op is refused where its result would not fit ``self``, and
+    an elementwise result is restrided as TensorIterator would."""
+    check_writes_into_self(op, args, kwargs)
+    return layout.relayout(op, args, kwargs, op(*args, **kwargs))

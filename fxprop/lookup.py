@@ -1,0 +1,81 @@
+"""`fxprop.lookup`: which rule handles a target, or exactly which one handles a call."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import symbolic
+from .context import Session, swap_session
+from .kinds import Rule
+from .resolution import resolve_call, static_rule
+from .specs import TensorSpec, to_internal
+from .torch_compat import without_ambient_modes
+
+
+def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
+    """The rule that handles ``target``; with the call's values, exactly the rule `propagate` applies.
+
+    ``target`` is what an FX node holds: an aten or custom op (overload or packet), a
+    higher-order operator, a torch callable, a Tensor method name, or a module (or module type)
+    for call_module nodes. Without arguments, `Rule.kinds` lists every kind the target may
+    resolve to when that depends on the call (e.g. a symbolic input refuses the fallback).
+    With arguments (tensors real, meta or fake, `TensorSpec`s, python values), the rule is the
+    one the engine applies to that call. A composite (a torch-level function, a module with no
+    rule of its own) runs torch's own code; its kind is the costliest kind of the ops it reaches,
+    which only running it on meta tensors tells, so a composite's lookup with arguments
+    propagates the one call.
+
+    >>> import torch, fxprop
+    >>> fxprop.lookup(torch.ops.aten.mm.default).kind
+    <Kind.PYTHON: 'python'>
+    >>> x = fxprop.TensorSpec((2, 3), device="cuda:0")
+    >>> fxprop.lookup("get_device", x).kind
+    <Kind.DEVICE: 'device'>
+    """
+    if not args and not kwargs:
+        return static_rule(target)
+    if static_rule(target).composite or isinstance(target, torch.nn.Module):
+        return _propagated(target, args, kwargs)
+    session = Session(fallback_limit_bytes=0)
+    outer = swap_session(session)
+    try:
+        with without_ambient_modes(), symbolic.scope(symbolic.SymbolicSession()):
+            internal_args = tuple(to_internal(a, f"argument {i}", session.real_values) for i, a in enumerate(args))
+            internal_kwargs = {k: to_internal(v, f"argument {k!r}", session.real_values) for k, v in kwargs.items()}
+            return resolve_call(target, internal_args, internal_kwargs).rule
+    finally:
+        swap_session(outer)
+
+
+def _propagated(target: Any, args: tuple, kwargs: dict) -> Rule:
+    from .engine import propagate
+    from .testing import call_graph
+    if isinstance(target, torch.nn.Module):
+        gm, tensors = _module_call_graph(target, args, kwargs)
+    else:
+        gm, tensors = call_graph(target, args, kwargs)
+    propagate(gm, *tensors, cache=False)
+    node = next(node for node in gm.graph.nodes if node.op.startswith("call"))
+    provenance = node.meta["fxprop"]
+    rule = static_rule(target)
+    return Rule(provenance.kind, provenance.rule, rule.fn, device_rule=provenance.device_rule,
+                composite=rule.composite)
+
+
+def _module_call_graph(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphModule, list]:
+    root = torch.nn.Module()
+    root.add_module("module", module)
+    graph = torch.fx.Graph()
+    tensors: list = []
+
+    def lift(value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, TensorSpec)):
+            tensors.append(value)
+            return graph.placeholder(f"t{len(tensors) - 1}")
+        return value
+
+    node = graph.call_module("module", tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()})
+    graph.output(node)
+    return torch.fx.GraphModule(root, graph), tensors

@@ -1,0 +1,217 @@
+"""Which rule handles a call: the one place where the kinds are ordered.
+
+For an aten or custom op the order is::
+
+    a hand-written python rule (`fxprop.rule`)
+      -> torch's meta kernel (or the fake a custom op registered)
+      -> torch's composite implementation (CompositeImplicitAutograd, which decomposes before
+         fxprop's dispatch sees the op, or a CompositeExplicitAutograd kernel), each op it
+         reaches resolved again
+      -> a decomposition from torch._decomp, each op it reaches resolved again
+      -> the real-tensor fallback on the host (any op with a CPU kernel)
+      -> unsupported
+
+with three turns that depend on the call's values: a device rule that answers on its own
+(``x.device``, ``x.is_cuda``) gives the kind "device"; inputs with symbolic sizes refuse the
+fallback (there is no data to run on); and an op whose output *shape* depends on the data
+(tagged ``dynamic_output_shape``) never falls back on synthesized data. A custom op whose
+Meta kernel only refuses ("no fake impl registered") has no meta kernel.
+
+Torch-level callables, Tensor methods and modules with no rule of their own are composites:
+torch's own code runs on meta tensors, and each aten op it reaches is resolved by this same
+order; the call's kind is the costliest of theirs. Plain python (``operator.add`` of two sizes)
+needs no rule: "plain".
+
+The engine, fxprop's dispatch mode and the coverage report all call `resolve`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import context, registry, symbolic
+from .devices import TRANSFERS, Placement, place
+from .devices.transfers import tensors_in
+from .kinds import Kind, Rule
+from .registry import target_name
+from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
+                           decomposition_table, has_kernel_for_dispatch_key, registered_fake)
+
+_COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
+                              Kind.UNSUPPORTED})
+_PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
+_ANY_KERNEL = ("Meta", "CPU", "CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
+               "CompositeExplicitAutogradNonFunctional", "Autograd")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A call resolved: its rule, and where its result lives (``placement``, for calls at a node)."""
+    rule: Rule
+    placement: Placement | None = None
+
+
+_static: dict[Any, Rule] = {}
+_static_lock = threading.Lock()
+registry.on_change(_static.clear)
+
+
+def resolve(target: Any, args: tuple | None = None, kwargs: dict | None = None, *,
+            in_progress: tuple = ()) -> Rule:
+    """The rule that handles ``target`` called with ``args``/``kwargs`` (or, without them, every
+    kind it may resolve to in `Rule.kinds`). ``in_progress`` holds the ops whose python rules are
+    running: an op called from its own rule resolves past that rule.
+
+    This is how fxprop's dispatch resolves the aten ops a node reaches; devices are decided per
+    node (`resolve_call`), so nothing here consults the inputs' devices.
+    """
+    rule = static_rule(target)
+    if rule.kind is Kind.PYTHON and target in in_progress:
+        rule = _after_python_rule(target)
+    return rule if args is None else _for_values(target, rule, args, kwargs or {})
+
+
+def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = None) -> Resolution:
+    """`resolve` for a node's own call, with the placement of its result when ``args`` are given:
+    a device rule may answer on its own."""
+    rule = static_rule(target)
+    if args is None:
+        return Resolution(rule)
+    kwargs = kwargs or {}
+    placement = None
+    if not isinstance(target, torch.nn.Module):
+        placement = place(target, args, kwargs)
+        if placement.has_host_value:
+            return Resolution(Rule(Kind.DEVICE, placement.rule, device_rule=placement.rule), placement)
+    resolved = _for_values(target, rule, args, kwargs)
+    placed_by = placement.rule if placement is not None and placement.transfer else None
+    if resolved.device_rule != placed_by:
+        resolved = dataclasses.replace(resolved, device_rule=placed_by)
+    return Resolution(resolved, placement)
+
+
+def static_rule(target: Any) -> Rule:
+    """What handles ``target`` before its values are known (memoized per target)."""
+    key = type(target) if isinstance(target, torch.nn.Module) else target
+    try:
+        found = _static.get(key)
+    except TypeError:  # an unhashable target: a composite, resolved afresh
+        return _composite(target, None)
+    if found is None:
+        found = _static_rule(target)
+        with _static_lock:
+            _static[key] = found
+    return found
+
+
+def _static_rule(target: Any) -> Rule:
+    if isinstance(target, OpOverloadPacket):
+        overloads = target.overloads()
+        return static_rule(getattr(target, "default" if "default" in overloads else overloads[0]))
+    device_rule = _device_rule_name(target)
+    own = registry.python_rule(type(target) if isinstance(target, torch.nn.Module) else target)
+    if own is not None:
+        return Rule(Kind.PYTHON, own.name, own.fn, device_rule=device_rule)
+    if isinstance(target, HigherOrderOperator):
+        return Rule(Kind.UNSUPPORTED, f"higher-order op {target.name()}: no rule")
+    if isinstance(target, OpOverload):
+        return _op_rule(target, device_rule)
+    return _composite(target, device_rule)
+
+
+def _after_python_rule(op: Any) -> Rule:
+    """How an op runs when called from its own python rule: the rest of the order."""
+    if isinstance(op, OpOverload):
+        return _op_rule(op, _device_rule_name(op))
+    return _composite(op, _device_rule_name(op))
+
+
+def _device_rule_name(target: Any) -> str | None:
+    try:
+        entry = TRANSFERS.get(target)
+    except TypeError:
+        return None
+    return entry[0] if entry is not None else None
+
+
+def _composite(target: Any, device_rule: str | None) -> Rule:
+    if isinstance(target, torch.nn.Module):
+        name = type(target).__name__
+    else:
+        name = target_name(target)
+    if getattr(target, "__module__", None) in _PLAIN_MODULES:
+        return Rule(Kind.PLAIN, name, kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
+    return Rule(Kind.META, name, kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
+
+
+def _has(name: str, key: str) -> bool:
+    try:
+        return has_kernel_for_dispatch_key(name, key)
+    except RuntimeError:  # a TorchScript builtin (aten::to.prim_Device) is not in the dispatcher
+        return False
+
+
+def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
+    name = op.name()
+    has = _has
+    label = target_name(op)
+    if not any(has(name, key) for key in _ANY_KERNEL):  # a TorchScript builtin: it calls other ops
+        return _composite(op, device_rule)
+    if custom_op_without_fake(op):
+        return _fallback_or_unsupported(op, label, device_rule, why="a custom op with no fake implementation")
+    if has(name, "Meta"):
+        label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
+        return Rule(Kind.META, label, device_rule=device_rule)
+    if has(name, "CompositeImplicitAutograd"):
+        return Rule(Kind.META, f"{label} (composite)", kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
+    if torch.Tag.dynamic_output_shape in op.tags:
+        # Its output's shape depends on the data: only real values may answer (`_for_values`).
+        return Rule(Kind.UNSUPPORTED, f"{label}: its output shape depends on the data, and no rule makes it symbolic",
+                    kinds=frozenset({Kind.UNSUPPORTED, Kind.FALLBACK}), device_rule=device_rule)
+    for key in ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"):
+        if has(name, key):
+            return Rule(Kind.META, f"{label} ({key} kernel)", key, kinds=_COMPOSITE_KINDS, device_rule=device_rule,
+                        composite=True)
+    decomposition = decomposition_table.get(op)
+    if decomposition is not None:
+        return Rule(Kind.DECOMPOSITION, label, decomposition, device_rule=device_rule)
+    return _fallback_or_unsupported(op, label, device_rule, why="no meta kernel and no decomposition")
+
+
+def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None, why: str) -> Rule:
+    if _has(op.name(), "CPU") or _has(op.name(), "CompositeExplicitAutograd"):
+        return Rule(Kind.FALLBACK, label, kinds=frozenset({Kind.FALLBACK, Kind.UNSUPPORTED}), device_rule=device_rule)
+    return Rule(Kind.UNSUPPORTED, f"{label}: {why}, and no CPU kernel to fall back to", device_rule=device_rule)
+
+
+def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict) -> Rule:
+    """The turns of the order that depend on the call's values."""
+    if rule.kind is Kind.FALLBACK and symbolic.has_symbolic((*args, *kwargs.values())):
+        return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(target, args, kwargs))
+    if rule.kind is Kind.UNSUPPORTED and Kind.FALLBACK in rule.kinds and _all_values_known(args, kwargs):
+        return rule.with_kind(Kind.FALLBACK, target_name(target))
+    if rule.composite and rule.kind is Kind.PLAIN and _has_tensor(args, kwargs):
+        return Rule(Kind.META, rule.name, kinds=rule.kinds, device_rule=rule.device_rule, composite=True)
+    return rule
+
+
+def reaches_dispatch(op: Any) -> bool:
+    """Whether fxprop's dispatch mode sees ``op`` itself: every op but a CompositeImplicitAutograd one,
+    which decomposes above the dispatch (its parts arrive instead), and a TorchScript builtin."""
+    return (isinstance(op, OpOverload) and not _has(op.name(), "CompositeImplicitAutograd")
+            and any(_has(op.name(), key) for key in _ANY_KERNEL))
+
+
+def _has_tensor(args: tuple, kwargs: dict) -> bool:
+    return bool(tensors_in(args, kwargs))
+
+
+def _all_values_known(args: tuple, kwargs: dict) -> bool:
+    session = context.current_session()
+    tensors = tensors_in(args, kwargs)
+    return session is not None and bool(tensors) and all(id(t) in session.real_values for t in tensors)

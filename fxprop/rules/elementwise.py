@@ -1,0 +1,50 @@
+"""Elementwise ops whose meta kernels disagree with every real kernel.
+
+(How elementwise results are laid out is not a rule: `fxprop.layout` restrides every
+elementwise meta result as TensorIterator would.)
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import rule
+from ..torch_compat import check
+
+aten = torch.ops.aten
+
+
+@rule(aten.where.self)
+def where(condition, self, other):
+    """Corrects aten.where.self's meta kernel, which refuses a uint8 condition that every real
+    kernel still accepts as bool (deprecated, with a warning)."""
+    if condition.dtype == torch.uint8:
+        condition = torch.empty_strided(condition.shape, condition.stride(), dtype=torch.bool, device=condition.device)
+    return aten.where.self(condition, self, other)
+
+
+def _check_integral_power(self, exponent) -> None:
+    integral = not (self.dtype.is_floating_point or self.dtype.is_complex)
+    check(not (integral and isinstance(exponent, int) and not isinstance(exponent, bool) and exponent < 0),
+          lambda: "Integers to negative integer powers are not allowed.")
+
+
+@rule(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(self, exponent):
+    """Corrects aten.pow.Tensor_Scalar's meta kernel: real kernels refuse an integral tensor to a
+    negative integral power, and raise a bool tensor to a bool power as bool (the meta kernel
+    allows the first and promotes the second to int64)."""
+    _check_integral_power(self, exponent)
+    out = aten.pow.Tensor_Scalar(self, exponent)
+    if self.dtype == torch.bool and isinstance(exponent, bool):
+        out = out.to(torch.bool)
+    return out
+
+
+@rule(aten.pow_.Scalar)
+def pow_inplace_scalar(self, exponent):
+    """Corrects aten.pow_.Scalar's meta kernel by the same two rules: a bool tensor to a bool power
+    stays bool (the meta kernel's int64 result cannot be written back into it)."""
+    _check_integral_power(self, exponent)
+    if self.dtype == torch.bool and isinstance(exponent, bool):
+        return self
+    return aten.pow_.Scalar(self, exponent)

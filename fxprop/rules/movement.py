@@ -1,0 +1,39 @@
+"""Ops that move elements to new positions: roll, and joining tensors (cat)."""
+from __future__ import annotations
+
+import torch
+
+from .. import context
+from ..registry import rule
+from ..torch_compat import canonicalize_dim, check
+
+aten = torch.ops.aten
+
+
+@rule(aten.cat.default)
+def cat(tensors, dim=0):
+    """Corrects aten.cat's meta kernel, which fails with its own IndexError on 0-dim tensors: real
+    kernels refuse the first 0-dim tensor by its position."""
+    for position, tensor in enumerate(tensors):
+        check(tensor.dim() != 0, lambda: f"zero-dimensional tensor (at position {position}) cannot be concatenated")
+    return aten.cat.default(tensors, dim)
+
+
+@rule(aten.roll.default)
+def roll(self, shifts, dims=()):
+    """Corrects aten.roll's meta kernel twice: real kernels return a copy of an empty tensor before
+    looking at ``dims`` (the meta kernel refuses what they accept), and on the CPU a roll is a
+    `cat` of two narrowed views, one dim at a time, so its strides are cat's."""
+    if self.numel() == 0:
+        return torch.empty_like(self, memory_format=torch.preserve_format)
+    device = context.node_device()
+    if device is None or device.type != "cpu" or len(shifts) != max(len(dims), 1):
+        return aten.roll.default(self, shifts, dims)
+    if not dims:
+        return roll(self.contiguous().view(-1), shifts, [0]).view(self.shape)
+    if len(dims) > 1:
+        return roll(roll(self, shifts[:1], dims[:1]), shifts[1:], dims[1:])
+    dim = canonicalize_dim(self.dim(), dims[0])
+    size = self.shape[dim]
+    start = (size - shifts[0]) % size
+    return aten.cat.default([self.narrow(dim, start, size - start), self.narrow(dim, 0, start)], dim)

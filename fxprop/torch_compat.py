@@ -1,0 +1,177 @@
+"""Every private torch name fxprop reads or patches, in one place.
+
+A torch upgrade is a review of this file: each name below is one torch keeps private (a
+leading underscore somewhere in its path), and `tests/test_torch_compat.py` checks that no
+other fxprop module reaches one, and that the patched name is still the one torch consults.
+
+The one patch, `device_hint`, is installed by `install_patches` on the first propagate,
+never on import.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import torch
+import torch._meta_registrations as _meta_registrations
+import torch._prims_common as _prims_common
+import torch.utils._pytree as pytree  # noqa: F401  (re-exported)
+from torch._decomp import decomposition_table  # noqa: F401
+from torch._dispatch.python import enable_python_dispatcher  # noqa: F401
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket  # noqa: F401
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,  # noqa: F401
+                                           FakeTensor, FakeTensorMode, unset_fake_temporarily)
+from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, ShapeEnv,  # noqa: F401
+                                                   _constrain_range_for_size, statically_known_true)
+from torch.fx.graph import _PyTreeCodeGen as PyTreeCodeGen  # noqa: F401
+from torch.utils._device import DeviceContext, _device_constructors  # noqa: F401
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: F401
+from torch.utils._sympy import functions as sympy_functions  # noqa: F401
+
+check = torch._check
+check_index = torch._check_index
+has_kernel_for_dispatch_key = torch._C._dispatch_has_kernel_for_dispatch_key
+set_grad_enabled_op = torch._C._set_grad_enabled
+DelayedError = torch._C._functions.DelayedError
+make_subclass = torch.Tensor._make_subclass
+set_throw_on_mutable_data_ptr = torch._C._set_throw_on_mutable_data_ptr
+fused_sdp_choice = torch._fused_sdp_choice
+sdp_priority_order = torch._C._get_sdp_priority_order
+ConvBackend = torch._C._ConvBackend
+select_conv_backend = torch._C._select_conv_backend
+conv_determine_backend_memory_format = torch._C._conv_determine_backend_memory_format
+VARIABLE_FUNCTIONS_MODULES = ("torch._C._VariableFunctions", "torch._C._nn")
+
+suggest_memory_format = _prims_common.suggest_memory_format
+canonicalize_dim = _prims_common.canonicalize_dim
+make_contiguous_strides_for = _prims_common.make_contiguous_strides_for
+make_channels_last_2d_strides_for = _prims_common.make_channels_last_2d_strides_for
+is_non_overlapping_and_dense = _prims_common.is_non_overlapping_and_dense_or_false
+meta_index_tensor = _meta_registrations.meta_index_Tensor
+
+DATA_DEPENDENT_ERRORS = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    return tensor._is_view()
+
+
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    return tensor._base
+
+
+def function_mode_stack() -> list:
+    """The TorchFunctionModes in effect (``with torch.device(...)`` is one)."""
+    from torch.overrides import _get_current_function_mode_stack
+    return _get_current_function_mode_stack()
+
+
+def global_device_context() -> Any:
+    """The mode `torch.set_default_device` installed, or None."""
+    return getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+
+
+def custom_op_without_fake(op: OpOverload) -> bool:
+    """A `torch.library.custom_op` whose Meta kernel only raises "no fake impl registered"."""
+    from torch._library import custom_ops, utils
+    definition = custom_ops.OPDEFS.get(op._schema.name)
+    return (definition is not None and definition._abstract_fn is None
+            and not utils.can_generate_trivial_fake_impl(op))
+
+
+def registered_fake(op: OpOverload) -> bool:
+    """Whether ``op`` is a custom op with a fake (meta) implementation registered in python."""
+    from torch._library import custom_ops, simple_registry
+    definition = custom_ops.OPDEFS.get(op._schema.name)
+    if definition is not None:
+        return definition._abstract_fn is not None
+    return simple_registry.singleton.find(op._schema.name).fake_impl.kernel is not None
+
+
+# --- the device hint: meta kernels that lay results out per backend --------------------
+
+_torch_device_hint = _meta_registrations.device_hint
+_installed = False
+_install_lock = threading.Lock()
+_node_device = None  # set by install_patches: () -> the logical device of the node being propagated
+
+
+def _device_hint(tensor) -> str:
+    """torch's meta kernels choose some layouts by asking the device of a tensor, which is "cuda"
+    for every plain meta tensor; while fxprop propagates a node, the node's logical device answers."""
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta" and not isinstance(tensor, FakeTensor):
+        device = _node_device() if _node_device is not None else None
+        if device is not None and device.type != "meta":
+            return device.type
+    return _torch_device_hint(tensor)
+
+
+def install_patches(node_device) -> None:
+    """Install the device hint once per process; ``node_device()`` names the node's logical device."""
+    global _installed, _node_device
+    if _installed:
+        return
+    with _install_lock:
+        if not _installed:
+            _node_device = node_device
+            _meta_registrations.device_hint = _device_hint
+            _installed = True
+
+
+def patched_names() -> dict[str, tuple[Any, str]]:
+    """Each patched torch name: the module holding it and the attribute name (for the compat test)."""
+    return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint")}
+
+DispatchKey = torch._C.DispatchKey
+
+
+def call_kernel(op: OpOverload, key: str, *args, **kwargs) -> Any:
+    """Call ``op``'s kernel for dispatch key ``key`` (a `DispatchKey` name) directly."""
+    return op._op_dk(getattr(DispatchKey, key), *args, **kwargs)
+
+
+def evaluate_statically(shape_env: ShapeEnv, expr: Any) -> Any:
+    """What ``shape_env`` can decide about ``expr`` from its ranges alone, or None."""
+    return shape_env._maybe_evaluate_static(expr)
+
+
+def constrain_size(shape_env: ShapeEnv, expr: Any, lower: int) -> None:
+    """Mark the unbacked symbol ``expr`` as a size that is at least ``lower``."""
+    shape_env._constrain_range_for_size(expr, min=lower)
+
+
+def pytree_codegen(gm: torch.fx.GraphModule) -> Any:
+    """The graph's pytree code generator (flattening inputs, rebuilding outputs), or None."""
+    codegen = gm.graph._codegen
+    return codegen if isinstance(codegen, PyTreeCodeGen) else None
+
+
+def import_dynamo() -> None:
+    """Import torch._dynamo now: FakeTensorMode imports it lazily, which takes seconds."""
+    import torch._dynamo  # noqa: F401
+
+
+def opinfo_database() -> list:
+    """torch's OpInfo table (``op_db``, from its internal testing package; needs expecttest)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    return op_db
+
+
+@contextlib.contextmanager
+def without_ambient_modes():
+    """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...) and every
+    TorchFunctionMode (``with torch.device(...)``) the caller has active; they come back after."""
+    function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for mode in reversed(function_modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def higher_order_ops() -> dict[str, HigherOrderOperator]:
+    """Every higher-order operator torch has defined so far, by name."""
+    from torch._ops import _higher_order_ops
+    return dict(_higher_order_ops)

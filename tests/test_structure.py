@@ -1,0 +1,146 @@
+"""The package's shape: private torch names in one module, an import graph without cycles."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+
+import fxprop
+from fxprop import torch_compat
+
+PACKAGE = Path(fxprop.__file__).parent
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        yield name, path, ast.parse(path.read_text(), str(path))
+
+
+def _is_private(dotted: str) -> bool:
+    return any(part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+               for part in dotted.split("."))
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def private_torch_names(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if alias.name.startswith("torch") and _is_private(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+            found += [f"{node.module}.{alias.name}" for alias in node.names
+                      if _is_private(f"{node.module}.{alias.name}")]
+        elif isinstance(node, ast.Attribute) and not isinstance(getattr(node, "parent", None), ast.Attribute):
+            dotted = _dotted(node)
+            if dotted and dotted.split(".")[0] == "torch" and not dotted.startswith("torch.ops.") \
+                    and _is_private(dotted):  # an operator's name is public, underscore or not
+                found.append(dotted)
+    return found
+
+
+def test_no_module_but_torch_compat_reaches_a_private_torch_name():
+    offenders = {}
+    for name, _, tree in modules():
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                child.parent = node
+        if name != "fxprop.torch_compat":
+            names = private_torch_names(tree)
+            if names:
+                offenders[name] = sorted(set(names))
+    assert offenders == {}
+
+
+def test_the_scan_sees_each_way_of_reaching_a_private_name():
+    source = "import torch._dynamo\nfrom torch._ops import OpOverload\nfrom torch.utils import _pytree\nx = torch._C._nn\n"
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child.parent = node
+    assert sorted(private_torch_names(tree)) == ["torch._C._nn", "torch._dynamo", "torch._ops.OpOverload",
+                                                 "torch.utils._pytree"]
+    assert private_torch_names(ast.parse("y = torch.ops.aten._to_copy.default\nz = torch.__version__\n"
+                                         "from .torch_compat import _disable_current_modes\n")) == []
+
+
+def test_the_patched_name_is_the_one_torch_consults():
+    for where, (module, attribute) in torch_compat.patched_names().items():
+        assert hasattr(module, attribute), f"{where} is gone: torch no longer consults it"
+        consulting = [value for value in vars(module).values()
+                      if callable(value) and attribute in getattr(getattr(value, "__code__", None), "co_names", ())]
+        assert consulting, f"no function in {module.__name__} reads {attribute} any more"
+
+
+def test_importing_fxprop_patches_nothing():
+    code = ("import torch, torch._meta_registrations as m; hint = m.device_hint; import fxprop; "
+            "assert m.device_hint is hint, 'patched on import'; "
+            "gm = torch.fx.symbolic_trace(lambda x: x + 1); fxprop.propagate(gm, torch.ones(2)); "
+            "assert m.device_hint is not hint, 'the first propagate installs the hint'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _imported_modules(name: str, is_package: bool, node: ast.AST, known: set) -> list[str]:
+    """The fxprop modules an import statement names (a name that is not a module counts as its module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] == "fxprop"]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    if node.level:
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    elif node.module and node.module.split(".")[0] == "fxprop":
+        base = node.module
+    else:
+        return []
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+
+
+def import_graph(top_level_only: bool) -> nx.DiGraph:
+    """Module -> the modules importing it runs: the imported module and the packages above it
+    (except packages above the importer, which are already being imported)."""
+    parsed = list(modules())
+    known = {name for name, _, _ in parsed}
+    graph = nx.DiGraph()
+    for name, path, tree in parsed:
+        graph.add_node(name)
+        statements = tree.body if top_level_only else ast.walk(tree)
+        for node in statements:
+            for imported in _imported_modules(name, path.name == "__init__.py", node, known):
+                parts = imported.split(".")
+                for depth in range(1, len(parts) + 1):
+                    target = ".".join(parts[:depth])
+                    if target != name and not name.startswith(target + "."):
+                        graph.add_edge(name, target)
+    return graph
+
+
+def test_module_level_imports_form_no_cycle():
+    """A cycle makes ``import fxprop`` depend on the order in which modules happen to be imported."""
+    assert list(nx.simple_cycles(import_graph(top_level_only=True))) == []
+
+
+def test_the_cycle_check_sees_a_package_init_between_two_modules():
+    graph = import_graph(top_level_only=True)
+    assert graph.has_edge("fxprop.engine", "fxprop.registry")
+    assert "fxprop.rules" in nx.descendants(graph, "fxprop")  # fxprop/__init__ loads every rule family
+
+
+def test_a_rule_module_imports_neither_the_engine_nor_the_package():
+    """Rules are leaves: they see the registry and helpers, never the engine that runs them."""
+    graph = import_graph(top_level_only=False)
+    for name in graph:
+        if name.startswith("fxprop.rules."):
+            assert not {"fxprop.engine", "fxprop.resolution", "fxprop.dispatch"} & set(graph.successors(name)), name
