@@ -16,13 +16,16 @@ import torch
 
 from . import symbolic
 from .context import Session
-from .devices import META
+from . import context
+from .devices import META, merge_devices, tag
+from .devices.transfers import tensors_in
 from .errors import UnsupportedError
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
 from .kinds.fallback import run_on_host
 from .kinds.meta import run_meta
 from .resolution import resolve
+from .specs import to_internal
 from .torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode
 
 
@@ -53,6 +56,11 @@ class RuleDispatch(TorchDispatchMode):
 
     def dispatch(self, func, args: tuple, kwargs: dict) -> Any:
         args, kwargs = _onto_meta(args, kwargs)
+        if any(t.device.type != "meta" for t in tensors_in(args, kwargs)):
+            args, kwargs = self.constants_onto_meta(args, kwargs)
+            node_device = context.node_device()
+            if torch.Tag.pointwise in func.tags and node_device is not None:
+                merge_devices([*tensors_in(args, kwargs), tag(torch.empty((1,), device="meta"), node_device)])
         if self.symbols.active and torch.Tag.pointwise in func.tags and not func._schema.is_mutable:
             args, kwargs = symbolic.broadcast_inputs(args, kwargs)
         rule = resolve(func, args, kwargs, in_progress=self.in_progress)
@@ -65,6 +73,19 @@ class RuleDispatch(TorchDispatchMode):
                 return self.run(func, rule, args, kwargs)
         except DATA_DEPENDENT_ERRORS as error:
             raise symbolic.undecidable(func, args, kwargs, error) from error
+
+    def constants_onto_meta(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A real tensor reaching an op here is the user's own constant (a module-level tensor
+        read by a wrapped function): it takes part as a meta tensor on its device, its values known."""
+        real_values = self.session.real_values
+
+        def onto_meta(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.device.type != "meta":
+                return to_internal(value, "a tensor constant", real_values)
+            if isinstance(value, (list, tuple)):
+                return type(value)(onto_meta(item) for item in value)
+            return value
+        return onto_meta(args), {key: onto_meta(value) for key, value in kwargs.items()}
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind

@@ -27,13 +27,14 @@ import torch.fx
 from . import symbolic, torch_compat
 from .backend_flags import environment
 from .blame import blame, boundary
-from .cache import CallMemo, RuleCache, rule_cache, same_result, verify_by_default
+from .cache import CallMemo, RuleCache, is_pure, rule_cache, same_result, verify_by_default
 from .containers import FakeTensorFactory, map_structure, tensor_metadata
 from .context import NodeRecord, Session, swap_session
 from .devices import default_device_if_set, device_of, logical_default_device, merge_devices, tag
 from .devices.transfers import tensors_in
 from .dispatch import RuleDispatch
 from .errors import InputError, InternalError, NodeError, PropagationError, UnsupportedError
+from .exported import program_inputs, user_outputs
 from .index_values import IndexValues
 from .kinds import Kind, costlier
 from .modules import StateView
@@ -69,7 +70,9 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
               progress: Callable[[int, int], None] | None = None) -> Any:
     """Annotate every node of ``gm`` with shape, dtype, device and strides, without running it.
 
-    Inputs may be real, meta or fake tensors, `fxprop.TensorSpec`, python scalars, or nested
+    ``gm`` may also be an ExportedProgram: its parameters, buffers and constants come from the
+    program, ``inputs`` are its user inputs, and without them the values it was traced with
+    are propagated. Inputs may be real, meta or fake tensors, `fxprop.TensorSpec`, python scalars, or nested
     tuples/lists/dicts of those, one per placeholder (placeholders with defaults may be left
     out). Each node gets ``meta["val"]`` (FakeTensors, as torch.export writes them),
     ``meta["tensor_meta"]`` and ``meta["type"]`` (as ShapeProp writes them) and ``meta["fxprop"]``
@@ -93,6 +96,11 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     >>> tuple(out.shape), out.device
     ((8, 32), device(type='cuda', index=0))
     """
+    if isinstance(gm, torch.export.ExportedProgram):
+        program = gm
+        outputs = propagate(program.graph_module, *program_inputs(program, inputs), param_device=param_device,
+                            fallback_limit_bytes=fallback_limit_bytes, cache=cache, progress=progress)
+        return user_outputs(program, outputs)
     _check_graph_module(gm, "propagate")
     options = _Options.checked(param_device, fallback_limit_bytes, cache, progress)
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
@@ -101,7 +109,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     symbols = symbolic.SymbolicSession()
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols):
         propagation = Propagation(gm, options, symbols)
-        internal = [to_internal(value, f"input {i} (placeholder %{node.name})", propagation.session.real_values)
+        internal = [to_internal(symbolic.traced_example(node, value), f"input {i} (placeholder %{node.name})",
+                                propagation.session.real_values)
                     for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
         output = propagation.run(lambda: propagation.walk(gm, internal))
     codegen = torch_compat.pytree_codegen(gm)
@@ -188,7 +197,18 @@ def _downstream_of_edits(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Nod
     placeholders = [node.name for node in dirty if node.op == "placeholder"]
     if placeholders:
         raise InputError(f"placeholders {placeholders} have no annotation to reuse; call propagate with inputs")
+    if dirty and any(_may_mutate(gm, node) for node in gm.graph.nodes):
+        # A mutation (a.unsqueeze_(0)) changes a value that its later readers see without an
+        # edge from the mutating node, and annotations are snapshots: every node runs again.
+        dirty = {node for node in gm.graph.nodes if node.op != "placeholder"}
     return dirty
+
+
+def _may_mutate(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return False
+    target = gm.get_submodule(str(node.target)) if node.op == "call_module" else node.target
+    return not is_pure(node.op, target, node.args, node.kwargs)
 
 
 def _flatten_inputs(gm: torch.fx.GraphModule, inputs: tuple) -> list:
@@ -230,6 +250,7 @@ class Propagation:
         self.index_values = IndexValues()
         self.default_device: torch.device | None = None
         self.environment: Hashable = ()
+        self.around: Callable | None = None  # set by walk_subgraph for a body's calls (autocast's casts)
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -253,11 +274,35 @@ class Propagation:
     def walk(self, gm: torch.fx.GraphModule, inputs: list, dirty: set | None = None) -> Any:
         return GraphWalk(self, gm, dirty, progress=self.options.progress).run(inputs)
 
-    def walk_subgraph(self, gm: torch.fx.GraphModule, inputs: list) -> Any:
+    def walk_subgraph(self, gm: torch.fx.GraphModule, inputs: list, context: Hashable = None,
+                      around: Callable | None = None) -> Any:
         """Propagate a subgraph (a higher-order op's body, a nested GraphModule), annotating its nodes.
-        Returns its output as the walk's own values (meta tensors), for the caller to compute on."""
+
+        A higher-order op's rule calls this while its own node runs: the subgraph's nodes are
+        propagated as nodes of their own (each its own record, kind and fallback bytes, the latter
+        also counted for the calling node), under the grad mode the rule set. ``context``
+        names anything else the rule set around the body that its results depend on (autocast's
+        state), so that memoized results are told apart. ``around(target, args, kwargs, compute)``,
+        when given, computes each call_function / call_method node of the body (and of the
+        subgraphs it calls) in place of ``compute(args, kwargs)``; both return (value, provenance).
+        Returns the subgraph's output as the walk's own values (meta tensors), to compute on.
+        """
+        mode, session = self.mode, self.session
+        saved = (session.record, mode.depth, mode.noted_depth, mode.in_progress, mode.pushed, self.environment,
+                 self.around)
+        mode.depth = mode.noted_depth = 0
+        mode.in_progress = ()
+        self.environment = (environment(), self.environment, context)
+        if around is not None:
+            self.around = around
         walk = GraphWalk(self, gm, None)
-        walk.run(list(inputs))
+        try:
+            with torch_compat.without_ambient_modes():  # each node enters fxprop's dispatch afresh
+                walk.run(list(inputs))
+        finally:
+            (session.record, mode.depth, mode.noted_depth, mode.in_progress, mode.pushed, self.environment,
+             self.around) = saved
+        session.record.fallback_bytes += sum(self.staged[node][3].fallback_bytes for node in walk.env)
         return walk.output_value
 
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
@@ -412,7 +457,11 @@ class GraphWalk:
         if hit is not None and not self.propagation.options.verify:
             value, provenance = hit
         else:
-            value, provenance = self.compute(node, target, args, kwargs)
+            around = self.propagation.around
+            if around is not None and node.op != "call_module":
+                value, provenance = around(target, args, kwargs, lambda a, k: self.compute(node, target, a, k))
+            else:
+                value, provenance = self.compute(node, target, args, kwargs)
             if hit is not None and not same_result(hit[0], value, tensors_in(args, kwargs)):
                 raise InternalError(f"the rule cache returned a different result for {target_name(target)} than "
                                     f"the rule computes now: cached {_describe(hit[0])}, computed {_describe(value)}")

@@ -43,12 +43,17 @@ _OF_A_COMPLEX_TENSOR: dict[Any, str] = {aten.abs.default: "the kernel's", aten.a
 _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.default, aten.relu6.default}
 
 
+# TensorIterator ops that torch does not tag pointwise.
+_ELEMENTWISE_UNTAGGED = {aten.floor_divide.default, aten.floor_divide.Scalar, aten.true_divide.Scalar}
+
+
 @lru_cache(maxsize=None)
 def _operand_arguments(op: OpOverload) -> tuple[tuple[int, str], ...] | None:
     """(position, name) of the arguments that are TensorIterator operands, or None when the op's
     results are not laid out by TensorIterator (not elementwise, a view, writing in place, or
     told a memory format)."""
-    if torch.Tag.pointwise not in op.tags or op.is_view or op._schema.is_mutable:
+    if (torch.Tag.pointwise not in op.tags and op not in _ELEMENTWISE_UNTAGGED) or op.is_view \
+            or op._schema.is_mutable:
         return None
     if op in _LAID_OUT_BY_THE_KERNEL or any(argument.name == "memory_format" for argument in op._schema.arguments):
         return None  # clone and _to_copy lay their result out as asked

@@ -27,6 +27,7 @@ The engine, fxprop's dispatch mode and the coverage report all call `resolve`.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import threading
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from .devices.transfers import tensors_in
 from .kinds import Kind, Rule
 from .registry import target_name
 from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                           decomposition_table, has_kernel_for_dispatch_key, registered_fake)
+                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, registered_fake)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
@@ -79,6 +80,10 @@ def resolve(target: Any, args: tuple | None = None, kwargs: dict | None = None, 
 def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = None) -> Resolution:
     """`resolve` for a node's own call, with the placement of its result when ``args`` are given:
     a device rule may answer on its own."""
+    if isinstance(target, OpOverloadPacket) and args is not None:
+        overload = overload_for_call(target, args, kwargs or {})
+        if overload is not None:
+            return resolve_call(overload, args, kwargs)
     rule = static_rule(target)
     if args is None:
         return Resolution(rule)
@@ -98,15 +103,26 @@ def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = N
 def static_rule(target: Any) -> Rule:
     """What handles ``target`` before its values are known (memoized per target)."""
     key = type(target) if isinstance(target, torch.nn.Module) else target
-    try:
-        found = _static.get(key)
-    except TypeError:  # an unhashable target: a composite, resolved afresh
-        return _composite(target, None)
+    if not _lives_as_long_as_torch(key):  # a user's function or bound method: kept by no table
+        return _static_rule(target)
+    found = _static.get(key)
     if found is None:
         found = _static_rule(target)
         with _static_lock:
             _static[key] = found
     return found
+
+
+def _lives_as_long_as_torch(key: Any) -> bool:
+    """Whether memoizing ``key`` keeps nothing of the user's alive: torch's ops, types and
+    functions, python's operators and builtins."""
+    if isinstance(key, (str, OpOverload, OpOverloadPacket, HigherOrderOperator)):
+        return True
+    owner = getattr(key, "__self__", None)
+    if owner is not None and not isinstance(owner, (type, types.ModuleType)):
+        return False  # a method bound to some object
+    module = getattr(key, "__module__", None) or ""
+    return module.split(".")[0] in ("torch", "operator", "_operator", "math", "builtins")
 
 
 def _static_rule(target: Any) -> Rule:

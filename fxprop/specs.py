@@ -52,7 +52,13 @@ class TensorSpec:
         for dim in shape:
             _check_dim(dim, shape)
         object.__setattr__(self, "shape", shape)
+        concrete = [dim for dim in shape if type(dim) is int]
+        if math.prod(concrete) > _MAX_NUMEL and all(concrete):
+            raise InputError(f"TensorSpec shape {shape} has more elements than an int64 can count")
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        if self.dtype in _UNSUPPORTED_DTYPES:
+            raise InputError(f"TensorSpec dtype {self.dtype} is not supported: quantized and bit-packed tensors "
+                             "have no meta kernels to propagate them")
         object.__setattr__(self, "device", normalize_device(self.device))
         if self.stride is not None:
             stride = tuple(self.stride)
@@ -75,6 +81,11 @@ class TensorSpec:
         return tag(meta, self.device)
 
 
+_MAX_NUMEL = (1 << 63) - 1
+_UNSUPPORTED_DTYPES = {dtype for name, dtype in vars(torch).items() if isinstance(dtype, torch.dtype)
+                       and name.startswith(("quint", "qint", "bits"))}
+
+
 def _check_dim(dim: Any, shape: tuple) -> None:
     if symbolic.is_symbolic_dim(dim):
         return symbolic.check_dim(dim, shape)
@@ -82,6 +93,8 @@ def _check_dim(dim: Any, shape: tuple) -> None:
         raise InputError(f"TensorSpec dims must be non-negative ints, got {dim!r} in shape {shape}")
     if dim < 0:
         raise InputError(f"TensorSpec dims must be non-negative, got {dim} in shape {shape}")
+    if dim > _MAX_NUMEL:
+        raise InputError(f"TensorSpec dim {dim} does not fit in an int64, in shape {shape}")
 
 
 def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -120,14 +133,26 @@ def to_internal(value: Any, where: str, real_values: dict[int, torch.Tensor]) ->
     if isinstance(value, TensorSpec):
         return value.to_meta()
     if isinstance(value, FakeTensor):
+        symbolic_sizes = [s for s in (*value.shape, *value.stride(), value.storage_offset())
+                          if isinstance(s, torch.SymInt)]
+        if symbolic_sizes:
+            symbolic.current().adopt_env(symbolic_sizes[0].node.shape_env, value.fake_mode)
         return meta_like(value, normalize_device(value.device))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        symbolic.current().adopt_env(value.node.shape_env)
+        return value
     if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            raise InputError(f"{where}: nested tensors are not supported (their sizes vary per component)")
         if value.layout is not torch.strided:
             raise InputError(f"{where}: only strided tensors are supported, got layout {value.layout}")
+        if value.is_quantized or value.dtype in _UNSUPPORTED_DTYPES:
+            raise InputError(f"{where}: {value.dtype} tensors are not supported: quantized and bit-packed "
+                             "tensors have no meta kernels to propagate them")
         meta = meta_like(value, value.device)
-        if (value.device.type != "meta" and not (value.dtype.is_floating_point or value.dtype.is_complex)
-                and value.numel() <= 1 << 16):
-            real_values[id(meta)] = value
+        if value.device.type != "meta" and (value.dim() == 0 or (
+                not (value.dtype.is_floating_point or value.dtype.is_complex) and value.numel() <= 1 << 16)):
+            real_values[id(meta)] = value  # indices, counts and python numbers wrapped as tensors
         return meta
     if isinstance(value, float) and not math.isfinite(value):
         return value

@@ -31,6 +31,7 @@ import contextlib
 import operator
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -215,7 +216,8 @@ def is_symbolic_dim(dim: Any) -> bool:
 def check_dim(dim: Any, shape: tuple) -> None:
     """Refuse a TensorSpec dim that is not a size (called by `TensorSpec` for non-int dims)."""
     if isinstance(dim, str):
-        _parse(dim, shape)
+        if _parse(dim, shape).is_negative:
+            raise InputError(f"TensorSpec dim {dim!r} is negative for every size, in shape {shape}")
         return
     if isinstance(dim, sympy.Basic):
         if not isinstance(dim, sympy.Expr) or not dim.free_symbols:
@@ -291,9 +293,28 @@ class SymbolicSession:
         if self.env is None:
             from torch.fx.experimental.symbolic_shapes import ShapeEnv
             self.env = ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
-            self.env._fxprop_session = self
+            _SESSIONS[self.env] = self
             self.active = True
         return self.env
+
+    def adopt_env(self, shape_env: Any, fake_mode: Any = None) -> None:
+        """Compute in the caller's own ShapeEnv (dynamo's, torch.export's): inputs carry its
+        symbols, and results are expressions in them. Its symbols are the user's symbols."""
+        if self.env is shape_env:
+            return
+        if self.env is not None:
+            raise InputError("inputs carry symbols of two different ShapeEnvs; fxprop computes in one")
+        self.env, self.active, self._fake_mode = shape_env, True, fake_mode
+        _SESSIONS[shape_env] = self
+        for symbol, bounds in shape_env.var_to_range.items():
+            lower, upper = bounds.lower, bounds.upper
+            if symbol.name.startswith("s") and symbol not in self.to_user:
+                user = sympy.Symbol(symbol.name, integer=True, positive=True) if lower >= 1 else \
+                    sympy.Symbol(symbol.name, integer=True, nonnegative=True) if lower >= 0 else \
+                    sympy.Symbol(symbol.name, integer=True)
+                self.to_user[symbol] = user
+                self.infos[symbol] = SymbolInfo(user, lower if lower.is_finite else -sympy.oo,
+                                                upper if upper.is_finite else sympy.oo)
 
     @property
     def fake_mode(self):
@@ -495,6 +516,7 @@ def _plain(expr: sympy.Basic) -> sympy.Basic:
 # --- the session in progress ------------------------------------------------------------
 
 _local = threading.local()
+_SESSIONS: "weakref.WeakKeyDictionary[Any, SymbolicSession]" = weakref.WeakKeyDictionary()  # ShapeEnv -> session
 _INACTIVE = SymbolicSession()
 _NO_DISPATCHER = contextlib.nullcontext()
 
@@ -524,7 +546,7 @@ def session_of(gm: torch.fx.GraphModule) -> SymbolicSession:
                 sizes = leaf.shape if isinstance(leaf, torch.Tensor) else (leaf,)
                 for size in sizes:
                     if isinstance(size, torch.SymInt):
-                        found = getattr(size.node.shape_env, "_fxprop_session", None)
+                        found = _SESSIONS.get(size.node.shape_env)
                         if found is not None:
                             return found
     return SymbolicSession()
@@ -541,6 +563,24 @@ def dispatcher(session: SymbolicSession):
         return _NO_DISPATCHER
     from .torch_compat import enable_python_dispatcher
     return enable_python_dispatcher()
+
+
+def traced_example(placeholder: torch.fx.Node, value: Any) -> Any:
+    """The input a placeholder stands for. A graph from torch.compile with ``dynamic=True`` is
+    handed real tensors whose placeholders were traced with symbolic sizes (``example_value``,
+    FakeTensors of dynamo's ShapeEnv): the traced sizes are the ones the graph is valid for,
+    so they are propagated, as long as the real tensor is one of their instances."""
+    from .torch_compat import FakeTensor
+    traced = placeholder.meta.get("example_value")
+    if not (isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and isinstance(traced, FakeTensor)):
+        return value
+    sizes = (*traced.shape, *traced.stride())
+    if not any(isinstance(size, torch.SymInt) for size in sizes) or traced.dtype != value.dtype:
+        return value
+    hints = tuple(size.node.hint if isinstance(size, torch.SymInt) else size for size in sizes)
+    if hints != (*value.shape, *value.stride()):
+        return value
+    return traced
 
 
 def spec_to_meta(shape: tuple, stride: tuple | None, dtype: torch.dtype) -> torch.Tensor:
@@ -633,7 +673,7 @@ def _shape(value: Any) -> Any:
 
 def _user(dim: Any) -> Any:
     if isinstance(dim, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        session = getattr(dim.node.shape_env, "_fxprop_session", None)
+        session = _SESSIONS.get(dim.node.shape_env)
         if session is not None:
             return session.user(dim.node.expr)
         return _plain(dim.node.expr)

@@ -131,6 +131,15 @@ def call_kernel(op: OpOverload, key: str, *args, **kwargs) -> Any:
     return op._op_dk(getattr(DispatchKey, key), *args, **kwargs)
 
 
+def overload_for_call(packet: OpOverloadPacket, args: tuple, kwargs: dict) -> OpOverload | None:
+    """The overload of ``packet`` that torch's argument matching picks for this call, or None."""
+    try:
+        name = torch._C._jit_resolve_packet(packet._qualified_op_name, *args, **kwargs)
+    except RuntimeError:
+        return None
+    return getattr(packet, name)
+
+
 def evaluate_statically(shape_env: ShapeEnv, expr: Any) -> Any:
     """What ``shape_env`` can decide about ``expr`` from its ranges alone, or None."""
     return shape_env._maybe_evaluate_static(expr)
@@ -175,3 +184,24 @@ def higher_order_ops() -> dict[str, HigherOrderOperator]:
     """Every higher-order operator torch has defined so far, by name."""
     from torch._ops import _higher_order_ops
     return dict(_higher_order_ops)
+
+
+def auto_functionalized_kernels() -> tuple[Any, Any]:
+    """torch's eager kernels of ``auto_functionalized`` and ``auto_functionalized_v2``: python over any
+    tensors (clone the mutable arguments, call the op on the clones), which their fake kernels run too."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized_dense, auto_functionalized_v2_dense
+    return auto_functionalized_dense, auto_functionalized_v2_dense
+
+
+def autocast_region_calls() -> tuple[Any, Any]:
+    """The functions torch.export calls to open and close an autocast region that holds a higher-order op
+    (``torch.amp.autocast_mode._enter_autocast`` / ``_exit_autocast``)."""
+    from torch.amp import autocast_mode
+    return autocast_mode._enter_autocast, autocast_mode._exit_autocast
+
+
+def flat_apply_kernel() -> Any:
+    """torch's kernel of the ``flat_apply`` higher-order op: ``func(*args, **kwargs)``, the arguments
+    rebuilt from their flat form (python over any tensors)."""
+    from torch._higher_order_ops.flat_apply import impl
+    return impl

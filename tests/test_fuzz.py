@@ -1145,3 +1145,102 @@ def test_a_value_torch_cannot_hold_is_the_nodes_error():
     assert caught.value.node_name == "mul_"
     assert run_real_until_error(gm, torch.ones(3, dtype=torch.int64),
                                 torch.ones(3, requires_grad=True)).failed_node == "mul_"
+
+
+# --- repropagate: after a random edit, the same annotations as a fresh propagate ------------
+
+_INSERTED = {
+    "relu": lambda graph, node: graph.call_method("relu", (node,)),
+    "neg": lambda graph, node: graph.call_function(operator.neg, (node,)),
+    "clone": lambda graph, node: graph.call_method("clone", (node,)),
+    "double": lambda graph, node: graph.call_function(operator.mul, (node, 2)),
+    "unsqueeze": lambda graph, node: graph.call_method("unsqueeze", (node, 0)),
+    "sum": lambda graph, node: graph.call_method("sum", (node, -1)),
+    "transpose": lambda graph, node: graph.call_method("transpose", (node, 0, -1)),
+    "float": lambda graph, node: graph.call_method("float", (node,)),
+    "unsqueeze_": lambda graph, node: graph.call_method("unsqueeze_", (node, 0)),
+}
+
+
+def _described(value: Any) -> Any:
+    def one(tensor):
+        return (tuple(tensor.shape), tensor.dtype, tensor.device, tensor.stride(), tensor.requires_grad)
+    if isinstance(value, torch.Tensor):
+        return one(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_described(item) for item in value)
+    return repr(value)
+
+
+def _annotations(gm: torch.fx.GraphModule) -> dict:
+    return {node.name: (_described(node.meta.get("val")), node.meta["fxprop"].kind if "fxprop" in node.meta else None)
+            for node in gm.graph.nodes}
+
+
+@st.composite
+def edited_graphs(draw):
+    gm, recipes = draw(graphs())
+    inputs = [recipe.for_fxprop() for recipe in recipes]
+    try:
+        fxprop.propagate(gm, *inputs)
+    except fxprop.FxpropError:
+        return gm, recipes, None, []
+    calls = [node for node in gm.graph.nodes if node.op.startswith("call")
+             and isinstance(node.meta.get("val"), torch.Tensor)]
+    if not calls:
+        return gm, recipes, None, []
+    target = draw(st.sampled_from(calls))
+    how = draw(st.sampled_from(["insert", "rewire"]))
+    graph = gm.graph
+    if how == "insert":
+        name = draw(st.sampled_from(sorted(_INSERTED)))
+        with graph.inserting_after(target):
+            new = _INSERTED[name](graph, target)
+        target.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+        edited = []
+        how = f"insert {name} after %{target.name}"
+    else:
+        earlier = [node for node in graph.nodes if node is not target and isinstance(node.meta.get("val"), torch.Tensor)
+                   and list(graph.nodes).index(node) < list(graph.nodes).index(target)]
+        tensor_args = [i for i, arg in enumerate(target.args) if isinstance(arg, torch.fx.Node)]
+        if not earlier or not tensor_args:
+            return gm, recipes, None, []
+        position = draw(st.sampled_from(tensor_args))
+        replacement = draw(st.sampled_from(earlier))
+        args = list(target.args)
+        args[position] = replacement
+        target.args = tuple(args)
+        edited = [target]
+        how = f"rewire %{target.name} arg {position} to %{replacement.name}"
+    gm.recompile()
+    return gm, recipes, how, edited
+
+
+@settings(max_examples=int(os.environ.get("FXPROP_REPROPAGATE_EXAMPLES", "0")) or 60, derandomize=not CAMPAIGN,
+          deadline=None, database=None, suppress_health_check=list(HealthCheck), print_blob=True)
+@given(edited_graphs())
+def test_repropagate_after_a_random_edit_equals_a_fresh_propagate(case):
+    import copy
+    gm, recipes, how, edited = case
+    if how is None:
+        return
+    note(how)
+    note(gm.code)
+    fresh = copy.deepcopy(gm)
+    try:
+        fxprop.propagate(fresh, *[recipe.for_fxprop() for recipe in recipes])
+        expected = _annotations(fresh)
+    except fxprop.FxpropError as error:
+        expected = type(error)
+    before = _annotations(gm)
+    try:
+        fxprop.repropagate(gm, edited)
+        got = _annotations(gm)
+    except fxprop.FxpropError as error:
+        got = type(error)
+        assert _annotations(gm) == before, "a failed repropagate changed annotations"
+    if isinstance(expected, type) or isinstance(got, type):
+        assert expected == got, f"{how}: propagate gave {expected}, repropagate {got}"
+    else:
+        differing = {name: (expected[name], got.get(name)) for name in expected if expected[name] != got.get(name)}
+        assert not differing, f"{how}: {differing}"

@@ -18,7 +18,8 @@ aten = torch.ops.aten
 ELEMENTWISE = sorted((getattr(getattr(aten, name), overload) for name in dir(aten)
                       if isinstance(getattr(aten, name), torch._ops.OpOverloadPacket)
                       for overload in getattr(aten, name).overloads()
-                      if _operand_arguments(getattr(getattr(aten, name), overload))), key=str)
+                      if _operand_arguments(getattr(getattr(aten, name), overload))
+                      and str(getattr(getattr(aten, name), overload)._schema.returns[0].type) == "Tensor"), key=str)
 
 # Layouts where TensorIterator and torch's python meta kernels part ways, and ordinary ones.
 LAYOUTS = {

@@ -91,3 +91,126 @@ def test_an_index_whose_values_are_known_is_checked_like_real_execution():
         check_rule(torch.index_select, torch.randn(3, 4), 0, torch.tensor([0, 3]))
     assert caught.value.error_type is IndexError
     check_rule(torch.index_select, torch.randn(3, 4), 0, torch.tensor([0, 2]))
+
+
+# --- the cache answers only what its key holds ---------------------------------------------
+
+class ItemSlice(torch.nn.Module):
+    def forward(self, x, n):
+        return x[:n.item()]
+
+
+def test_a_value_read_from_a_real_input_is_never_answered_from_the_cache():
+    gm = torch.export.export(ItemSlice(), (torch.randn(8), torch.tensor(3)), strict=False).module()
+    assert tuple(fxprop.propagate(gm, torch.randn(8), torch.tensor(3)).shape) == (3,)
+    assert tuple(fxprop.propagate(gm, torch.randn(8), torch.tensor(5)).shape) == (5,)
+    equal = torch.fx.symbolic_trace(lambda a, b: torch.equal(a, b))
+    assert fxprop.propagate(equal, torch.tensor([1, 2]), torch.tensor([1, 2])) is True
+    assert fxprop.propagate(equal, torch.tensor([1, 2]), torch.tensor([1, 3])) is False
+
+
+def test_a_user_function_is_neither_memoized_nor_kept_alive():
+    import gc
+    import weakref
+
+    class Holder:
+        def __init__(self):
+            self.big = torch.zeros(1 << 20)
+
+        def shift(self, x):
+            return x + 1
+
+    holder = Holder()
+    alive = weakref.ref(holder)
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(holder.shift, (graph.placeholder("x"),)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    fxprop.propagate(gm, torch.randn(3))
+    del holder, graph, gm
+    gc.collect()
+    assert alive() is None
+
+
+# --- values from data are never made up ------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [lambda a, b: torch.allclose(a, b), lambda a, b: a.equal(b),
+                                lambda a, b: torch.is_nonzero(a[:1])], ids=["allclose", "equal", "is_nonzero"])
+def test_a_question_about_values_of_specs_is_an_unknown_bool(fn):
+    gm = torch.fx.symbolic_trace(fn)
+    answer = fxprop.propagate(gm, fxprop.TensorSpec((2,)), fxprop.TensorSpec((2,)))
+    assert isinstance(answer, torch.SymBool)
+
+
+def test_questions_about_values_refuse_like_real_execution():
+    with pytest.raises(fxprop.PropagationError) as caught:
+        check_rule(torch.allclose, torch.randn(2), torch.tensor([1, 2]))
+    assert caught.value.error_type is RuntimeError
+    with pytest.raises(fxprop.PropagationError):
+        check_rule(torch.is_nonzero, torch.randn(2))
+    assert fxprop.propagate(torch.fx.symbolic_trace(lambda a, b: torch.equal(a, b)),
+                            fxprop.TensorSpec((2,)), fxprop.TensorSpec((3,))) is False
+
+
+def test_item_of_a_computed_tensor_is_a_symbol():
+    gm = torch.fx.symbolic_trace(lambda x: torch.nonzero(x).sum().item())
+    assert isinstance(fxprop.propagate(gm, torch.randn(4)), torch.SymInt)
+
+
+# --- semantics -----------------------------------------------------------------------------------
+
+def test_a_mask_of_the_wrong_shape_is_refused():
+    with pytest.raises(fxprop.PropagationError) as caught:
+        check_rule(torch.Tensor.__getitem__, torch.randn(4, 3), torch.ones(5, dtype=torch.bool))
+    assert caught.value.error_type is IndexError
+    check_rule(torch.Tensor.__getitem__, torch.randn(4, 3), (slice(None), torch.ones(3, dtype=torch.bool)))
+
+
+_OFFSET = torch.arange(3.0)
+
+
+@torch.fx.wrap
+def shifted_by_a_module_level_tensor(x):
+    return x + _OFFSET
+
+
+def test_a_wrapped_function_may_read_a_module_level_tensor():
+    gm = torch.fx.symbolic_trace(lambda x: shifted_by_a_module_level_tensor(x) * 2)
+    fxprop.testing.assert_matches_real(gm, fxprop.TensorSpec((2, 3)))
+    with pytest.raises(fxprop.DeviceMismatchError):
+        fxprop.propagate(gm, fxprop.TensorSpec((2, 3), device="cuda:0"))
+
+
+def test_floor_divide_lays_out_like_the_elementwise_kernels():
+    check_rule(torch.floor_divide, torch.randn(4, 5).t(), torch.randn(5, 4))
+    check_rule(torch.floor_divide, torch.randn(4, 5).t(), 2)
+
+
+def test_an_in_place_op_that_would_resize_self_is_refused():
+    with pytest.raises(fxprop.PropagationError) as caught:
+        check_rule(torch.Tensor.ge_, torch.randn(5, 1), torch.randn(5, 5))
+    assert caught.value.error_type is RuntimeError
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda: fxprop.TensorSpec((2 ** 63,)),
+    lambda: fxprop.TensorSpec((2 ** 40, 2 ** 40)),
+    lambda: fxprop.TensorSpec(("B+0.5",)),
+    lambda: fxprop.TensorSpec(("B/2",)),
+    lambda: fxprop.TensorSpec(("-B",)),
+    lambda: fxprop.TensorSpec((2,), dtype=torch.quint8),
+    lambda: fxprop.propagate(torch.fx.symbolic_trace(lambda x: x + 1),
+                             torch.quantize_per_tensor(torch.randn(2), 0.1, 0, torch.quint8)),
+    lambda: fxprop.propagate(torch.fx.symbolic_trace(lambda x: x + 1),
+                             torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])),
+    lambda: fxprop.propagate(torch.fx.symbolic_trace(lambda x: x + 1), torch.randn(2), progress=5),
+    lambda: fxprop.propagate(torch.fx.symbolic_trace(lambda x: x + 1), torch.randn(2), cache=fxprop.RuleCache(-1)),
+], ids=["2**63", "numel-overflow", "float-dim", "true-division", "negative", "quint8-spec", "quantized", "nested",
+        "progress", "cache-size"])
+def test_bad_input_is_an_input_error(make):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(fxprop.InputError):
+            make()

@@ -17,11 +17,13 @@
 | recurrent modules | `recurrent.py` |
 | fused optimizer steps | `optimizers.py` |
 | calls that change process-wide state (seeding the RNG) | `global_state.py` |
+| higher-order ops (cond, while_loop, map, scan, autocast and grad-mode regions, ...) | `higher_order.py` |
 
 Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
 """
 from ..registry import registered_rules, rule, target_name, unregister
 from . import (attention, conv, data_dependent, elementwise, indexing, linalg, movement, normalization,  # noqa: F401
                global_state, optimizers, pooling, recurrent, reductions, sorting, upsample)
+from . import higher_order  # noqa: F401
 
 __all__ = ["registered_rules", "rule", "target_name", "unregister"]

@@ -92,7 +92,7 @@ def known_values(tensor: torch.Tensor) -> torch.Tensor | None:
     return session.real_values.get(id(tensor)) if session is not None else None
 
 
-@rule(aten._local_scalar_dense.default)
+@rule(aten._local_scalar_dense.default, aten.item.default)
 def local_scalar_dense(input: torch.Tensor):
     """A value read from data: a fresh symbol, unless the tensor is one the user passed in for real."""
     known = known_values(input)
@@ -217,3 +217,47 @@ def _contiguous(batch: tuple, inner: int) -> tuple:
         strides.append(running)
         running *= max(size, 1)
     return tuple(reversed(strides))
+
+
+# --- questions about values: answered from real values, else an unknown SymBool ---------
+
+def _answer_from_values(question, *tensors: torch.Tensor) -> Any:
+    """``question`` asked of the real values when the user passed every tensor in for real,
+    else a fresh symbolic bool: synthesized data never answers a question about values."""
+    known = [known_values(tensor) for tensor in tensors]
+    if all(values is not None for values in known):
+        with context.on_host():
+            return question(*known)
+    return symbolic.current().fresh_value(torch.bool)
+
+
+@rule(aten.equal.default, torch.equal, "equal")
+def equal(self: torch.Tensor, other: torch.Tensor) -> Any:
+    """True when shapes and every value agree. Different shapes answer False without data."""
+    if len(self.shape) != len(other.shape) or any(
+            symbolic.resolve(a != b, default=False) for a, b in zip(self.shape, other.shape)):
+        return False
+    return _answer_from_values(torch.equal, self, other)
+
+
+@rule(aten.allclose.default, torch.allclose, "allclose")
+def allclose(self: torch.Tensor, other: torch.Tensor, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> Any:
+    """isclose(...).all(): torch checks dtypes and broadcasting first, then reads the values."""
+    check(self.dtype == other.dtype, lambda: f"{_dtype_name(self.dtype)} did not match {_dtype_name(other.dtype)}")
+    aten.isclose.default(self, other, rtol, atol, equal_nan)
+    return _answer_from_values(lambda a, b: torch.allclose(a, b, rtol, atol, equal_nan), self, other)
+
+
+@rule(aten.is_nonzero.default, torch.is_nonzero, "is_nonzero")
+def is_nonzero(self: torch.Tensor) -> Any:
+    """``bool(t)`` of a one-element tensor; more or fewer elements are ambiguous."""
+    check(self.numel() != 0, lambda: "Boolean value of Tensor with no values is ambiguous")
+    check(self.numel() == 1, lambda: "Boolean value of Tensor with more than one value is ambiguous")
+    return _answer_from_values(lambda t: bool(t), self)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))

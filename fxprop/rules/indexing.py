@@ -44,12 +44,20 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 @rule(aten.index.Tensor)
 def index(input: torch.Tensor, indices: list) -> torch.Tensor:
-    """Boolean masks select a data-dependent number of elements: they become ``nonzero`` indices."""
+    """Boolean masks select a data-dependent number of elements: they become ``nonzero`` indices.
+    A mask must have the shape of the dims it covers, which the meta kernel does not check."""
     expanded: list = []
+    dim = 0
     for index_tensor in indices:
         if index_tensor is not None and index_tensor.dtype in (torch.bool, torch.uint8):
+            for j, size in enumerate(index_tensor.shape):
+                check_index(dim + j >= input.dim() or size == input.shape[dim + j],
+                            lambda: f"The shape of the mask {list(index_tensor.shape)} at index {j} does not match "
+                                    f"the shape of the indexed tensor {list(input.shape)} at index {dim + j}")
+            dim += index_tensor.dim()
             rows = nonzero(index_tensor)
             expanded.extend(rows.select(1, j) for j in range(index_tensor.dim()))
         else:
+            dim += 1
             expanded.append(index_tensor)
     return meta_index_tensor(input, expanded)

@@ -49,3 +49,61 @@ def _softmax_checking_dim(op):
 
 _softmax_checking_dim(aten._softmax.default)
 _softmax_checking_dim(aten._log_softmax.default)
+
+
+@rule(aten.cov.default, torch.cov, "cov")
+def cov(input, correction=1, fweights=None, aweights=None):
+    """Corrects nothing in a kernel: torch's cov (ATen's Correlation.cpp) reads the data once, to
+    warn when the degrees of freedom are not positive, and the result's metadata never depends
+    on it. This is the same computation without that look."""
+    check(input.dim() <= 2, lambda: "cov(): expected input to have two or fewer dimensions but got an input "
+                                    f"with {input.dim()} dimensions")
+    x = input if input.dim() == 2 else input.view(1, -1)
+    observations = x.shape[1]
+    weights = None
+    for name, given, integral in (("fweights", fweights, True), ("aweights", aweights, False)):
+        if given is None:
+            continue
+        check(given.dim() <= 1, lambda: f"cov(): expected {name} to have one or fewer dimensions but got {name} "
+                                        f"with {given.dim()} dimensions")
+        if integral:
+            check(not (given.dtype.is_floating_point or given.dtype.is_complex),
+                  lambda: f"cov(): expected fweights to have integral dtype but got fweights with {given.dtype} dtype")
+        else:
+            check(given.dtype.is_floating_point, lambda: "cov(): expected aweights to have floating point dtype but "
+                                                         f"got aweights with {given.dtype} dtype")
+        check(given.numel() == observations, lambda: f"cov(): expected {name} to have the same numel as there are "
+                                                     f"observations in the input but got {given.numel()} != {observations}")
+        weights = given if weights is None else weights * given
+    if weights is None:
+        weight_sum = torch.scalar_tensor(observations, dtype=torch.int64)
+        average = x.sum(1) / weight_sum
+        norm_factor = weight_sum - correction
+    else:
+        weight_sum = weights.sum()
+        average = (x * weights).sum(1) / weight_sum
+        if correction == 0:
+            norm_factor = weight_sum
+        elif aweights is None:
+            norm_factor = weight_sum - correction
+        else:
+            norm_factor = weight_sum - correction * (weights * aweights).sum() / weight_sum
+    centred = x - average.unsqueeze(1)
+    product = torch.mm(centred, (centred if weights is None else centred * weights).t().conj())
+    return torch.true_divide(product, norm_factor).squeeze()
+
+
+@rule(aten.corrcoef.default, torch.corrcoef, "corrcoef")
+def corrcoef(input):
+    """cov normalized by the standard deviations, clipped to [-1, 1] (ATen's Correlation.cpp);
+    a rule because it reaches cov inside torch's C++, past cov's rule."""
+    c = cov(input)
+    if c.dim() == 0:
+        return c / c
+    diagonal = c.diagonal()
+    deviation = torch.sqrt(diagonal.real if diagonal.is_complex() else diagonal)
+    c = c / deviation.view(-1, 1)
+    c = c / deviation.view(1, -1)
+    if c.is_complex():
+        return torch.complex(c.real.clip(-1, 1), c.imag.clip(-1, 1))
+    return c.clip(-1, 1)

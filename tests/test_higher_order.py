@@ -1,0 +1,580 @@
+"""Higher-order ops: graphs holding them propagate, and their subgraphs' own nodes are annotated.
+
+Each graph is built the way a pipeline builds it (torch.export, or dynamo's capture where only
+torch.compile emits the op) and checked node by node, subgraph nodes included, against a real
+run: shape, dtype, device, strides and requires_grad. A subgraph's nodes are compared with the
+values they took when torch's eager kernel called it (the first call, for a loop); a subgraph the
+real run never called on real tensors (cond's branch not taken, a body torch's autograd kernel
+traced instead of calling) is run on what that kernel would have handed it, under no_grad as
+torch's autograd Functions run their subgraphs.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+import warnings
+
+import pytest
+import torch
+import torch.fx
+
+import fxprop
+from fxprop.testing import compare_nodes, observe, real_value, render_mismatches
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.while_loop import while_loop
+from torch._subclasses.fake_tensor import FakeTensor
+
+warnings.filterwarnings("ignore", category=UserWarning)
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+hop = torch.ops.higher_order
+
+
+# --- running for real, subgraphs included ------------------------------------------------------
+
+def _is_real(value) -> bool:
+    return not any(isinstance(leaf, FakeTensor) for leaf in torch.utils._pytree.tree_leaves(value))
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Records each node's first real value, and each higher-order op's real call."""
+
+    def __init__(self, gm, prefix, book, hop_calls):
+        super().__init__(gm)
+        self.prefix, self.book, self.hop_calls = prefix, book, hop_calls
+
+    def run_node(self, node):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            args, kwargs = self.fetch_args_kwargs_from_env(node)
+            if _is_real((args, kwargs)):
+                autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+                self.hop_calls.append((node.target, args, kwargs, torch.is_grad_enabled(), autocast))
+        result = super().run_node(node)
+        if _is_real(result) and not isinstance(result, torch.nn.Module):
+            self.book.setdefault(self.prefix, {}).setdefault(node.name, observe(result))
+        return result
+
+
+def _subgraph_path(gm, module) -> str:
+    for name, sub in gm.named_modules():
+        if sub is module:
+            return name + "."
+    raise AssertionError("subgraph not found")
+
+
+def _reference_calls(target, args, kwargs, grad_enabled):
+    """What torch's eager kernel hands each subgraph: (subgraph, inputs, grad mode, replaces the real run's
+    record). Subgraphs that torch runs inside an autograd Function run without grad. invoke_subgraph's
+    subgraph is compared as the call it stands for (torch's Function only hides its grad; its results'
+    requires_grad follows the subgraph's with-grad annotation), the last call's values winning; associative_scan's
+    combine_fn as torch traces it, on one element of each side."""
+    if target is hop.cond:
+        pred, true_fn, false_fn, operands = args
+        return [(true_fn, operands, False, False), (false_fn, operands, False, False)]
+    if target is hop.while_loop:
+        cond_fn, body_fn, carried, additional = args
+        return [(cond_fn, [*carried, *additional], False, False), (body_fn, [*carried, *additional], False, False)]
+    if target is hop.map_impl:
+        f, xs, pos = args
+        return [(f, [*(x[0] for x in xs), *pos], False, False)]
+    if target is hop.scan:
+        combine, init, xs, additional = args
+        return [(combine, [*init, *(x[0] for x in xs), *additional], False, False)]
+    if target is hop.flex_attention:
+        query, key, value, score_mod, block_mask, scale, options, score_buffers, mask_buffers = args
+        working = torch.float64 if query.dtype == torch.float64 else torch.float32
+        indices = [torch.zeros((), dtype=torch.int64) for _ in range(4)]
+        return [(score_mod, [torch.zeros((), dtype=working), *indices, *score_buffers], False, False),
+                (block_mask[-1], [*indices, *mask_buffers], False, False)]
+    if target is hop.associative_scan:  # torch's kernel combines whole chunks; its trace, one element of each
+        combine, xs, additional = args
+        return [(combine, [*(x[0] for x in xs), *(x[0] for x in xs), *additional], False, True)]
+    if target in (hop.tag_activation_checkpoint, hop.wrap_activation_checkpoint):
+        return [(args[0], args[1:], grad_enabled, False)]
+    if target is hop.invoke_subgraph:
+        return [(args[0], args[2:], grad_enabled, True)]
+    return []
+
+
+def run_real(gm, *inputs):
+    """Run a copy of ``gm`` for real; {subgraph path: {node name: observed value}}."""
+    gm = copy.deepcopy(gm)
+    book, hop_calls = {}, []
+    for name, sub in gm.named_modules():
+        if isinstance(sub, torch.fx.GraphModule) and name:
+            sub.forward = lambda *args, _sub=sub, _name=name: _Recorder(_sub, _name + ".", book, hop_calls).run(*args)
+    _Recorder(gm, "", book, hop_calls).run(*inputs)
+    for target, args, kwargs, grad_enabled, autocast in hop_calls:
+        for subgraph, sub_inputs, grad, replace in _reference_calls(target, args, kwargs, grad_enabled):
+            path = _subgraph_path(gm, subgraph)
+            if replace:
+                book.pop(path, None)
+            if path not in book:
+                with torch.set_grad_enabled(grad), torch.autocast("cpu", autocast, enabled=autocast is not None):
+                    subgraph(*sub_inputs)
+    return book
+
+
+def check_against_real(gm, *inputs, **options):
+    """Propagate ``gm`` and compare every node, the subgraphs' too, with a real run."""
+    real_inputs = real_value(inputs, generator=torch.Generator().manual_seed(0))
+    with fxprop.testing.assert_no_side_effects(gm, *inputs):
+        out = fxprop.propagate(gm, *inputs, **options)
+    book = run_real(gm, *real_inputs)
+    mismatches, compared = [], 0
+    for name, sub in gm.named_modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            observed = book.get(name + "." if name else "")
+            assert observed is not None, f"the real run never reached subgraph {name!r}"
+            mismatches += compare_nodes(sub, observed)
+            compared += 1
+            unannotated = [n.name for n in sub.graph.nodes if "fxprop" not in n.meta]
+            assert not unannotated, f"nodes of {name or 'the graph'} left unannotated: {unannotated}"
+    if mismatches:
+        raise AssertionError(render_mismatches(mismatches))
+    return out
+
+
+def exported(module, *args):
+    """``torch.export.export(module, args).module()``, without the call that checks inputs against the
+    example's shapes (a pipeline that propagates other shapes drops it)."""
+    gm = torch.export.export(module, args).module()
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def provenance(gm, path, name):
+    sub = gm.get_submodule(path) if path else gm
+    return next(n for n in sub.graph.nodes if n.name == name).meta["fxprop"]
+
+
+def val(gm, path, name):
+    sub = gm.get_submodule(path) if path else gm
+    return next(n for n in sub.graph.nodes if n.name == name).meta["val"]
+
+
+# --- grad mode ----------------------------------------------------------------------------------
+
+class NoGradBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.no_grad():
+            f = x * 2
+            g = self.lin(f)
+        return self.lin(f) + g
+
+
+def test_no_grad_block():
+    gm = exported(NoGradBlock(), torch.randn(2, 8))
+    out = check_against_real(gm, torch.randn(2, 8))
+    assert out.shape == (2, 8) and out.requires_grad
+    body = next(n for n in gm.graph.nodes if n.target is hop.wrap_with_set_grad_enabled)
+    assert [v.requires_grad for v in body.meta["val"]] == [False, False]
+
+
+def test_the_briefs_reproducer():
+    class M(torch.nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.lin = torch.nn.Linear(8, 8)
+
+        def forward(s, x):
+            with torch.no_grad():
+                f = x * 2
+            return s.lin(f)
+    gm = exported(M(), torch.randn(2, 8))
+    out = fxprop.propagate(gm, torch.randn(2, 8))
+    assert out.shape == (2, 8) and out.requires_grad
+    assert val(gm, "submod_1", "mul").shape == (2, 8)
+
+
+# --- autocast -----------------------------------------------------------------------------------
+
+class Autocast(torch.nn.Module):
+    def __init__(self, device_type="cpu", dtype=torch.bfloat16):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.device_type, self.dtype = device_type, dtype
+
+    def forward(self, x, w):
+        outside = self.lin(x)
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            y = self.lin(x)
+            z = torch.softmax(y, -1) + self.norm(y)
+            e = torch.einsum("ij,jk->ik", x, w)
+            m = y @ w
+            c = torch.cat([y, x], 1)
+        return outside, y, z, e, m, c
+
+
+def test_autocast_cpu_casts_as_torch_does():
+    gm = exported(Autocast(), torch.randn(2, 8), torch.randn(8, 8))
+    out = check_against_real(gm, torch.randn(2, 8), torch.randn(8, 8))
+    assert [o.dtype for o in out] == [torch.float32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16,
+                                      torch.float32]
+    assert out[1].requires_grad
+
+
+def test_autocast_cache_entries_are_kept_apart_from_the_same_call_outside():
+    gm = exported(Autocast(), torch.randn(2, 8), torch.randn(8, 8))
+    for _ in range(2):  # the second run hits the cache
+        out = fxprop.propagate(gm, torch.randn(2, 8), torch.randn(8, 8))
+        assert out[0].dtype == torch.float32 and out[1].dtype == torch.bfloat16
+
+
+def test_autocast_cuda_follows_torchs_cuda_lists():
+    """No CUDA here: the casts come from torch's own CUDA autocast kernels, run on FakeTensors."""
+    gm = exported(Autocast("cpu", torch.bfloat16), torch.randn(2, 8), torch.randn(8, 8))
+    body = next(n for n in gm.graph.nodes if n.target is hop.wrap_with_autocast)
+    body.args = ("cuda", torch.float16, *body.args[2:])
+    gm.recompile()
+    gm.to("meta")
+    cuda = fxprop.TensorSpec((2, 8), device="cuda:0")
+    out = fxprop.propagate(gm, cuda, fxprop.TensorSpec((8, 8), device="cuda:0"), param_device="cuda:0")
+    sub = gm.get_submodule(body.args[4].target)
+    dtypes = {n.name: n.meta["val"].dtype for n in sub.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    assert dtypes["linear_1"] == torch.float16  # lower precision on CUDA and CPU alike
+    assert dtypes["softmax"] == torch.float32  # CUDA's fp32 list (CPU leaves softmax alone)
+    assert dtypes["layer_norm"] == torch.float32
+    assert dtypes["einsum"] == torch.float16  # CUDA casts einsum itself
+    assert dtypes["cat"] == torch.float32  # promoted to the widest input, as on the CPU
+    assert [o.device for o in out] == [torch.device("cuda:0")] * 6
+
+
+def test_autocast_disabled_inside_autocast():
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                a = x @ w
+                with torch.autocast("cpu", enabled=False):
+                    b = x @ w
+            return a, b
+    gm = exported(M(), torch.randn(2, 8), torch.randn(8, 8))
+    out = check_against_real(gm, torch.randn(2, 8), torch.randn(8, 8))
+    assert [o.dtype for o in out] == [torch.bfloat16, torch.float32]
+
+
+# --- cond ---------------------------------------------------------------------------------------
+
+class Cond(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: (self.lin(x).sin(), x.long()), lambda x: (x.cos(), x.long() + 1),
+                          (x,))
+
+
+def test_cond_on_data_propagates_both_branches():
+    gm = exported(Cond(), torch.randn(2, 4))
+    out = check_against_real(gm, torch.randn(2, 4))
+    assert out[0].requires_grad and not out[1].requires_grad  # as autograd.Function outputs
+    assert not val(gm, "true_graph_0", "sin").requires_grad  # the branches run without grad
+    assert val(gm, "false_graph_0", "cos").shape == (2, 4)
+
+
+def test_cond_branches_of_different_sizes_give_a_fresh_symbol():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda x: x[:2].sin(), lambda x: x.cos(), (x,))
+    gm = exported(M(), torch.randn(3, 4))
+    out = check_against_real(gm, torch.randn(3, 4))
+    rows = fxprop.shape_of(next(n for n in gm.graph.nodes if n.op == "output"))[0][0]
+    assert str(rows).startswith("u") and out.shape[1] == 4
+    symbol = gm.meta["fxprop"]["symbols"][rows]
+    assert (symbol.lower, symbol.upper) == (2, 3)
+
+
+def test_cond_with_symbolic_inputs():
+    gm = exported(Cond(), torch.randn(2, 4))
+    fxprop.propagate(gm, fxprop.TensorSpec(("B", 4)))
+    assert str(fxprop.shape_of(next(n for n in gm.graph.nodes if n.name == "getitem"))) == "(B, 4)"
+    assert str(fxprop.shape_of(next(n for n in gm.true_graph_0.graph.nodes if n.name == "sin"))) == "(B, 4)"
+
+
+def _graph_calling(target, subgraphs: dict, n_inputs: int, make_args):
+    """A graph whose one node calls ``target`` with get_attr'd subgraphs, as export lays it out."""
+    root = torch.nn.Module()
+    graph = torch.fx.Graph()
+    inputs = [graph.placeholder(f"x{i}") for i in range(n_inputs)]
+    attrs = {}
+    for name, sub in subgraphs.items():
+        root.add_module(name, sub)
+        attrs[name] = graph.get_attr(name)
+    node = graph.call_function(target, make_args(inputs, attrs))
+    graph.output(node)
+    return torch.fx.GraphModule(root, graph)
+
+
+def _traced(fn):
+    return torch.fx.symbolic_trace(fn)
+
+
+@pytest.mark.parametrize("false_fn, what", [
+    (lambda x: (x.long(),), "dtype"),
+    (lambda x: (x.unsqueeze(0),), "dim"),
+    (lambda x: (x, x), "spec"),
+])
+def test_cond_branches_that_disagree_are_refused(false_fn, what):
+    gm = _graph_calling(hop.cond, {"t": _traced(lambda x: (x.sin(),)), "f": _traced(false_fn)}, 2,
+                        lambda xs, g: (xs[0], g["t"], g["f"], (xs[1],)))
+    with pytest.raises(fxprop.PropagationError, match=what) as caught:
+        fxprop.propagate(gm, torch.tensor(True), torch.randn(3))
+    assert caught.value.error_type is RuntimeError  # as torch's cond refuses them
+
+
+# --- loops ----------------------------------------------------------------------------------------
+
+class While(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, i, x):
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * self.w), (i, x))
+
+
+def test_while_loop():
+    gm = exported(While(), torch.tensor(0), torch.randn(4))
+    out = check_against_real(gm, torch.tensor(0), torch.randn(4))
+    assert out[1].requires_grad and not out[0].requires_grad
+
+
+def test_while_loop_body_that_is_not_a_fixed_point_is_refused():
+    gm = _graph_calling(hop.while_loop, {"c": _traced(lambda i, x: i < 3), "b": _traced(lambda i, x: (i + 1, x.sum()))},
+                        2, lambda xs, g: (g["c"], g["b"], (xs[0], xs[1]), ()))
+    with pytest.raises(fxprop.PropagationError, match=r"shape: \(4,\) vs \(\)") as caught:
+        fxprop.propagate(gm, torch.tensor(0), torch.randn(4))
+    assert caught.value.error_type is RuntimeError
+
+
+def test_map():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, xs, y):
+            return hop_map(lambda x, y: (x * self.w + y, (x * 2).t()), xs, y)
+    gm = exported(M(), torch.randn(3, 4, 4), torch.randn(4))
+    out = check_against_real(gm, torch.randn(3, 4, 4), torch.randn(4))
+    assert out[0].shape == (3, 4, 4) and out[0].requires_grad
+
+
+def test_scan():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, init, xs):
+            return scan(lambda c, x: (c + x * self.w, (c * 2).sum(0)), init, xs)
+    gm = exported(M(), torch.randn(2, 4), torch.randn(5, 2, 4))
+    out = check_against_real(gm, torch.randn(2, 4), torch.randn(5, 2, 4))
+    assert [tuple(o.shape) for o in out] == [(2, 4), (5, 4)]
+
+
+# --- calls of subgraphs: checkpointing, compiled regions ----------------------------------------
+
+def _captured(module, *args):
+    """The FX graph dynamo hands a backend (where torch.compile, not export, emits the op)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(module, backend=backend, fullgraph=True)(*args)
+    return graphs[-1]
+
+
+def test_tag_activation_checkpoint():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.utils.checkpoint.checkpoint(lambda x: self.lin(x).relu(), x, use_reentrant=False)
+    module = M()
+    gm = _captured(module, torch.randn(2, 8))
+    assert any(n.target is hop.tag_activation_checkpoint for n in gm.graph.nodes)
+    out = check_against_real(gm, torch.randn(2, 8), module.lin.weight, module.lin.bias)
+    assert out[0].requires_grad
+
+
+def test_invoke_subgraph_called_twice():
+    block = _traced(lambda x, w: (torch.nn.functional.linear(x, w).relu(),))
+    gm = _graph_calling(hop.invoke_subgraph, {"repeated_subgraph0": block}, 2,
+                        lambda xs, g: (g["repeated_subgraph0"], "subgraph_0", xs[0], xs[1]))
+    first = next(n for n in gm.graph.nodes if n.target is hop.invoke_subgraph)
+    with gm.graph.inserting_after(first):
+        item = gm.graph.call_function(operator.getitem, (first, 0))
+    with gm.graph.inserting_after(item):
+        second = gm.graph.call_function(hop.invoke_subgraph, (first.args[0], "subgraph_0", item, first.args[3]))
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = (second,)
+    gm.recompile()
+    w = torch.randn(8, 8, requires_grad=True)
+    out = check_against_real(gm, torch.randn(2, 8), w)
+    assert out[0].requires_grad and out[0].shape == (2, 8)
+
+
+# --- functionalized mutation and effects --------------------------------------------------------
+
+@torch.library.custom_op("fxprop_hop_test::add_one_", mutates_args=("x",))
+def _add_one_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    return y * 2
+
+
+@_add_one_.register_fake
+def _(x, y):
+    return torch.empty_like(y)
+
+
+def test_auto_functionalized_v2():
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            x = x.clone()
+            z = torch.ops.fxprop_hop_test.add_one_(x[:, 1:], y)
+            return x + 1, z
+    ep = torch.export.export(M(), (torch.randn(3, 4), torch.randn(2)))
+    gm = ep.run_decompositions({}).module()
+    assert any(n.target is hop.auto_functionalized_v2 for n in gm.graph.nodes)
+    check_against_real(gm, torch.randn(3, 4), torch.randn(2))
+
+
+def test_auto_functionalized():
+    gm = _graph_calling(hop.auto_functionalized, {}, 2, lambda xs, g: (torch.ops.fxprop_hop_test.add_one_.default,))
+    node = next(n for n in gm.graph.nodes if n.target is hop.auto_functionalized)
+    node.kwargs = {"x": node.graph.find_nodes(op="placeholder")[0], "y": node.graph.find_nodes(op="placeholder")[1]}
+    gm.recompile()
+    out = check_against_real(gm, torch.randn(3, 4).t(), torch.randn(2))
+    assert out[1].stride() == (1, 4)  # the clone keeps the mutated argument's strides
+
+
+def test_with_effects():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            torch.ops.aten._print("hello")
+            return x + 1
+    ep = torch.export.export(M(), (torch.randn(3),)).run_decompositions({})
+    gm = ep.graph_module
+    assert any(n.target is hop.with_effects for n in gm.graph.nodes)
+    token, out = check_against_real(gm, torch.tensor([]), torch.randn(3))
+    assert token.shape == (0,) and out.shape == (3,)
+
+
+# --- nesting and errors ----------------------------------------------------------------------------
+
+class CondLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: (self.lin(x).sin(), x.long()),
+                          lambda x: (self.lin(x.cos()), x.long() + 1), (x,))
+
+
+def test_cond_inside_autocast_and_no_grad_regions():
+    autocast = _graph_calling(hop.wrap_with_autocast, {"body": exported(CondLinear(), torch.randn(2, 4))}, 1,
+                              lambda xs, g: ("cpu", torch.bfloat16, True, False, g["body"], xs[0]))
+    y, long = check_against_real(autocast, torch.randn(2, 4))
+    assert y.dtype == torch.bfloat16 and y.requires_grad and long.dtype == torch.int64
+    assert val(autocast, "body.false_graph_0", "cos").dtype == torch.float32  # cos is not cast
+    no_grad = _graph_calling(hop.wrap_with_set_grad_enabled, {"body": exported(CondLinear(), torch.randn(2, 4))}, 1,
+                             lambda xs, g: (False, g["body"], xs[0]))
+    y, _ = check_against_real(no_grad, torch.randn(2, 4))
+    assert not y.requires_grad
+
+
+def test_an_autocast_region_spelled_as_enter_and_exit_nodes_is_refused():
+    """torch.export spells an autocast block that holds a higher-order op as _enter_autocast and
+    _exit_autocast nodes; fxprop cannot cast the nodes between, so it says so."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.cond(x.sum() > 0, lambda x: x @ x, lambda x: (x + 1) @ x, (x,))
+    gm = exported(M(), torch.randn(4, 4))
+    with pytest.raises(fxprop.UnsupportedError, match="_enter_autocast"):
+        fxprop.propagate(gm, torch.randn(4, 4))
+
+
+def test_a_higher_order_op_without_a_rule_is_unsupported_and_named():
+    gm = _graph_calling(hop.strict_mode, {"body": _traced(lambda x: (x + 1,))}, 1,
+                        lambda xs, g: (g["body"], (xs[0],)))
+    with pytest.raises(fxprop.UnsupportedError, match="strict_mode"):
+        fxprop.propagate(gm, torch.randn(3))
+    assert fxprop.lookup(hop.strict_mode).kind == "unsupported"
+    assert fxprop.lookup(hop.cond).kind == "python"
+
+
+def test_an_error_inside_a_subgraph_names_the_subgraphs_node():
+    gm = _graph_calling(hop.wrap_with_set_grad_enabled, {"body": _traced(lambda x, y: (x @ y,))}, 2,
+                        lambda xs, g: (False, g["body"], xs[0], xs[1]))
+    with pytest.raises(fxprop.PropagationError, match="matmul") as caught:
+        fxprop.propagate(gm, torch.randn(2, 3), torch.randn(4, 5))
+    assert caught.value.node_name == "matmul"
+    assert all("val" not in n.meta for n in gm.body.graph.nodes)  # nothing annotated on failure
+
+
+# --- flex attention -----------------------------------------------------------------------------
+
+def test_flex_attention_with_score_and_mask_functions():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.randn(8))
+            self.mask = create_block_mask(lambda b, h, m, n: m >= n, 1, 1, 8, 8, device="cpu")
+
+        def forward(self, q, k, v):
+            return flex_attention(q, k, v, score_mod=lambda score, b, h, m, n: score + self.bias[n],
+                                  block_mask=self.mask, return_lse=True, enable_gqa=True)
+    q = torch.randn(1, 8, 4, 16).transpose(1, 2)  # laid out (batch, length, heads, dim)
+    k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 8)
+    gm = exported(M(), q, k, v)
+    out, lse = check_against_real(gm, q, k, v)
+    assert out.shape == (1, 4, 8, 8) and out.stride() == (256, 8, 32, 1)  # the query's stride order
+    assert lse.dtype == torch.float32 and lse.requires_grad
+    assert val(gm, "sdpa_score0", "add").dtype == torch.float32
+    assert val(gm, "sdpa_mask0", "ge").dtype == torch.bool
+
+
+def test_associative_scan():
+    combine = _traced(lambda a, s, b, t: (a * b + a, s + t))
+    gm = _graph_calling(hop.associative_scan, {"combine": combine}, 2, lambda xs, g: (g["combine"], [xs[0], xs[1]], []))
+    x = torch.randn(3, 5).t()
+    out = check_against_real(gm, x, torch.randn(5))
+    assert [o.shape for o in out] == [(5, 3), (5,)]
+
+
+def test_while_loop_stack_output():
+    gm = _graph_calling(hop.while_loop_stack_output, {"c": _traced(lambda i, x: i < 3),
+                                                      "b": _traced(lambda i, x: (i + 1, x * 2))},
+                        2, lambda xs, g: (g["c"], g["b"], (xs[0], xs[1]), ()))
+    steps, stacked = fxprop.propagate(gm, torch.tensor(0), torch.randn(4))
+    assert stacked.shape[1:] == (4,) and not isinstance(stacked.shape[0], int) and steps.shape[1:] == ()
+    real = gm(torch.tensor(0), torch.randn(4))
+    assert real[1].shape == (3, 4) and real[1].stride() == (4, 1) and stacked.stride()[1] == 1
+
+
+def test_the_subgraph_decides_where_results_live():
+    body = _traced(lambda x, y: (x.to("cuda:0") + y, x))
+    gm = _graph_calling(hop.wrap_with_set_grad_enabled, {"body": body}, 2,
+                        lambda xs, g: (False, g["body"], xs[0], xs[1]))
+    moved, kept = fxprop.propagate(gm, fxprop.TensorSpec((3,)), fxprop.TensorSpec((3,), device="cuda:0"))
+    assert moved.device == torch.device("cuda:0") and kept.device == torch.device("cpu")
+    assert provenance(gm, "", "wrap_with_set_grad_enabled").kind == "python"

@@ -1,0 +1,145 @@
+"""fxprop inside the pipelines that hand it graphs: torch.compile backends (dynamic on and off),
+AOT autograd callbacks under their FakeTensorMode, ExportedPrograms, and the passes that read
+what it writes."""
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxprop
+from fxprop import examples
+
+
+class Block(nn.Module):
+    """Linear, BatchNorm in training (dynamo wraps its momentum and eps as 0-dim tensors and
+    reads them with .item()), a view, and python ints."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.BatchNorm1d(8)
+
+    def forward(self, x, k: int):
+        y = self.norm(self.linear(x)).relu() * k
+        return y.view(-1, 4).sum(0), x.shape[0] * 2
+
+
+def _agreement(gm: torch.fx.GraphModule) -> list:
+    """Nodes where fxprop's value differs from dynamo's own example_value."""
+    differences = []
+    for node in gm.graph.nodes:
+        traced, ours = node.meta.get("example_value"), node.meta.get("val")
+        if isinstance(traced, torch.Tensor):
+            if not isinstance(ours, torch.Tensor):
+                differences.append((node.name, "not a tensor", type(ours)))
+                continue
+            for field in ("shape", "stride"):
+                if str(tuple(getattr(traced, field)() if field == "stride" else traced.shape)) != \
+                        str(tuple(getattr(ours, field)() if field == "stride" else ours.shape)):
+                    differences.append((node.name, field, traced, ours))
+            for field in ("dtype", "device", "requires_grad"):
+                if getattr(traced, field) != getattr(ours, field):
+                    differences.append((node.name, field, getattr(traced, field), getattr(ours, field)))
+        elif isinstance(traced, torch.SymInt):
+            if str(traced) != str(ours):
+                differences.append((node.name, "value", traced, ours))
+    return differences
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_compile_backend_gets_dynamos_own_metadata(dynamic):
+    seen = {}
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        seen["differences"] = _agreement(gm)
+        seen["nodes"] = sum(1 for node in gm.graph.nodes if "example_value" in node.meta)
+        seen["symbols"] = sorted(str(s) for s in gm.meta["fxprop"].get("symbols", {}))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(Block(), backend=backend, dynamic=dynamic)
+    out, doubled = compiled(torch.randn(4, 8), 3)
+    assert tuple(out.shape) == (4,) and doubled == 8
+    assert seen["nodes"] > 5 and seen["differences"] == []
+    if dynamic:
+        assert seen["symbols"], "dynamic=True: results are expressions in dynamo's symbols"
+
+
+def test_aot_callbacks_propagate_under_the_partitioners_fake_mode():
+    from functorch.compile import aot_module_simplified
+    propagated = []
+
+    def compiler(gm, inputs):
+        fxprop.propagate(gm, *inputs)  # AOT autograd calls this with its FakeTensorMode active
+        propagated.append(all("val" in node.meta for node in gm.graph.nodes))
+        return gm.forward
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.LayerNorm(8))
+    torch.compile(model, backend=backend)(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert propagated == [True, True]
+
+
+def test_ambient_fake_mode_changes_nothing():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    gm = torch.fx.symbolic_trace(lambda x: torch.empty_strided((2, 3), (1, 2)) + x)
+    outside = fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+    with FakeTensorMode():
+        inside = fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+    assert (tuple(inside.shape), inside.stride()) == (tuple(outside.shape), outside.stride()) == ((2, 3), (1, 2))
+
+
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.register_buffer("offset", torch.ones(4))
+
+    def forward(self, x):
+        self.offset.add_(1)
+        return self.linear(x).relu() + self.offset
+
+
+def _program():
+    return torch.export.export(Program(), (torch.randn(3, 8),),
+                               dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+
+
+def test_an_exported_program_propagates_in_its_own_symbols_and_still_saves_and_decomposes():
+    program = _program()
+    for node in program.graph_module.graph.nodes:
+        if node.op != "placeholder":
+            node.meta.pop("val", None)
+    out = fxprop.propagate(program)
+    assert out.shape[1] == 4 and str(out.shape[0]) in {str(symbol) for symbol in program.range_constraints}
+    assert all("val" in node.meta for node in program.graph_module.graph.nodes)
+    saved = io.BytesIO()
+    torch.export.save(program, saved)
+    saved.seek(0)
+    assert tuple(torch.export.load(saved).module()(torch.randn(5, 8)).shape) == (5, 4)
+    assert "aten.add.Tensor" in program.run_decompositions().graph_module.code
+
+
+def test_an_exported_program_takes_its_user_inputs():
+    program = _program()
+    out = fxprop.propagate(program, torch.randn(6, 8))
+    assert tuple(out.shape) == (6, 4)
+    with pytest.raises(fxprop.InputError, match="user inputs"):
+        fxprop.propagate(program, torch.randn(6, 8), torch.randn(1))
+
+
+def test_capability_partitioner_reads_the_type_fxprop_writes():
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OpSupports
+    model, inputs = examples.gpt_example()
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, *inputs)
+    assert all("type" in node.meta for node in gm.graph.nodes)
+    support = OpSupports.decline_if_input_dtype(torch.int64)
+    partitions = CapabilityBasedPartitioner(gm, support).propose_partitions()
+    assert partitions
