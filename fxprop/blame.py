@@ -22,6 +22,9 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch_compat.torch.__file__))
 _BOUNDARIES: set = set()
 
+# torch's python kernels, which check with ``assert`` where the C++ kernels raise RuntimeError.
+_PYTHON_KERNEL_PARTS = ("_refs", "_prims", "_prims_common", "_decomp", "_meta_registrations.py", "_subclasses")
+
 # torch's words for "this needs data a meta tensor does not have".
 _NO_DATA_PHRASES = ("meta tensor", "'meta' backend", "data-dependent", "no data!", "copy out of meta",
                     "unbacked symbol")
@@ -48,7 +51,28 @@ def blame(error: BaseException) -> NodeError:
         return _caused(InternalError(f"{text}, raised in {_where(frame)}"), error)
     if any(phrase in str(error).lower() for phrase in _NO_DATA_PHRASES):
         return _caused(UnsupportedError(text), error)
-    return _caused(PropagationError(text, error_type=type(error)), error)
+    return _caused(PropagationError(text, error_type=_real_error_type(error)), error)
+
+
+def _real_error_type(error: BaseException) -> type:
+    """The type real execution raises for this refusal: a python meta kernel's failed ``assert``
+    stands for a C++ ``TORCH_CHECK``, which raises RuntimeError."""
+    if type(error) is AssertionError and _raised_in_python_kernel(error):
+        return RuntimeError
+    return type(error)
+
+
+def _raised_in_python_kernel(error: BaseException) -> bool:
+    traceback = error.__traceback__
+    if traceback is None:
+        return False
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    path = os.path.abspath(traceback.tb_frame.f_code.co_filename)
+    if not path.startswith(_TORCH_DIR + os.sep):
+        return False
+    first_part = os.path.relpath(path, _TORCH_DIR).split(os.sep)[0]
+    return first_part in _PYTHON_KERNEL_PARTS
 
 
 def _fxprop_frame(error: BaseException) -> Any:

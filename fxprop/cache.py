@@ -25,7 +25,7 @@ import torch
 from .devices import device_of, tag
 from .devices.transfers import tensors_in
 from .errors import FallbackLimitError
-from .torch_compat import DelayedError, OpOverload, OpOverloadPacket, is_view, set_grad_enabled_op, view_base
+from .torch_compat import DelayedError, OpOverload, OpOverloadPacket, is_view, schema_of, set_grad_enabled_op, view_base
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
@@ -149,6 +149,34 @@ _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, set_grad_enabled_
 _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
                              "data_ptr", "untyped_storage", "storage"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
+_AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
+
+
+def may_differentiate(gm: torch.fx.GraphModule) -> bool:
+    """Whether running ``gm`` may walk the autograd graph of its values (``backward``,
+    ``autograd.grad``, or code fxprop cannot see into). A memoized result is a fresh tensor
+    with no autograd history, so such graphs must not be given one that requires grad."""
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op == "call_method" and node.target == "backward":
+                return True
+            if node.op == "call_function" and _may_reach_autograd(node.target):
+                return True
+            if node.op == "call_module":
+                try:
+                    called = module.get_submodule(str(node.target))
+                except AttributeError:
+                    continue  # the walk reports the missing submodule at its node
+                if not isinstance(called, torch.fx.GraphModule) and not type(called).__module__.startswith("torch.nn."):
+                    return True
+    return False
+
+
+def _may_reach_autograd(target: Any) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    return module.startswith(_AUTOGRAD_PACKAGES) or not _is_torch_target(target)
 
 
 def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
@@ -179,9 +207,9 @@ def _judge_purity(op: str, target: Any) -> bool:
     if op == "call_method":
         return isinstance(target, str) and not target.endswith("_") and target not in _IMPURE_METHODS
     if isinstance(target, OpOverload):
-        return not target._schema.is_mutable and torch.Tag.nondeterministic_bitwise not in target.tags
+        return not schema_of(target).is_mutable and torch.Tag.nondeterministic_bitwise not in target.tags
     if isinstance(target, OpOverloadPacket):
-        return not any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+        return not any(schema_of(getattr(target, o)).is_mutable for o in target.overloads())
     if target in _IMPURE_CALLS:
         return False
     module = getattr(target, "__module__", None) or ""
@@ -223,6 +251,7 @@ class Entry:
     recipe: Any
     provenance: Any
     mentions_alias: bool
+    unlinked_grad: bool  # rebuilding it makes a tensor that requires grad but has no autograd history
 
 
 def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
@@ -259,6 +288,12 @@ def mentions_alias(recipe: Any) -> bool:
     if isinstance(recipe, AliasRecord):
         return True
     return isinstance(recipe, SequenceRecord) and any(mentions_alias(part) for part in recipe.parts)
+
+
+def unlinked_grad(recipe: Any) -> bool:
+    if isinstance(recipe, TensorRecord):
+        return recipe.requires_grad
+    return isinstance(recipe, SequenceRecord) and any(unlinked_grad(part) for part in recipe.parts)
 
 
 def _same_base(view: torch.Tensor, tensor: torch.Tensor) -> bool:
@@ -308,15 +343,17 @@ def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
 class CallMemo:
     """The cache slot of one call: its key, how a hit is rebuilt, and the cost a hit replays."""
 
-    def __init__(self, cache: RuleCache, key: Hashable):
+    def __init__(self, cache: RuleCache, key: Hashable, differentiates: bool):
         self.cache = cache
         self.key = key
+        self.differentiates = differentiates
 
     @staticmethod
     def for_call(cache: RuleCache, op: str, target: Any, target_key: Any, args: tuple, kwargs: dict,
-                 context: Hashable) -> "CallMemo | None":
+                 context: Hashable, differentiates: bool = False) -> "CallMemo | None":
         """``target_key()`` stands for the target in the key (a module: its state's signature);
-        ``context`` is everything else a result depends on (grad mode, backend flags, ...)."""
+        ``context`` is everything else a result depends on (grad mode, backend flags, ...);
+        ``differentiates``: the graph may differentiate its values (`may_differentiate`)."""
         if not is_pure(op, target, args, kwargs):
             return None
         try:
@@ -324,13 +361,13 @@ class CallMemo:
             hash(key)
         except (Uncacheable, TypeError):
             return None
-        return CallMemo(cache, key)
+        return CallMemo(cache, key, differentiates)
 
     def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any] | None:
         """(result, provenance) of an earlier identical call, or None. A hit whose first run needed
         the fallback costs what that run cost: over ``fallback_limit_bytes`` it raises as that run would."""
         entry = self.cache.get(self.key)
-        if entry is None:
+        if entry is None or (self.differentiates and entry.unlinked_grad):
             return None
         provenance = entry.provenance
         if provenance.fallback_bytes > fallback_limit_bytes:
@@ -344,4 +381,4 @@ class CallMemo:
     def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any) -> None:
         described = recipe(value, tensors_in(args, kwargs))
         if described is not None:
-            self.cache.put(self.key, Entry(described, provenance, mentions_alias(described)))
+            self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described)))

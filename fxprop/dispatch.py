@@ -20,13 +20,14 @@ from . import context
 from .devices import META, merge_devices, tag
 from .devices.transfers import tensors_in
 from .errors import UnsupportedError
+from .kernel_dtypes import check_cpu_kernel_dtypes
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
-from .kinds.fallback import run_on_host
+from .kinds.fallback import refuse_without_kernel_for, run_on_host
 from .kinds.meta import run_meta
 from .resolution import resolve
 from .specs import to_internal
-from .torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode
+from .torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode, schema_of
 
 
 class RuleDispatch(TorchDispatchMode):
@@ -61,7 +62,7 @@ class RuleDispatch(TorchDispatchMode):
             node_device = context.node_device()
             if torch.Tag.pointwise in func.tags and node_device is not None:
                 merge_devices([*tensors_in(args, kwargs), tag(torch.empty((1,), device="meta"), node_device)])
-        if self.symbols.active and torch.Tag.pointwise in func.tags and not func._schema.is_mutable:
+        if self.symbols.active and torch.Tag.pointwise in func.tags and not schema_of(func).is_mutable:
             args, kwargs = symbolic.broadcast_inputs(args, kwargs)
         rule = resolve(func, args, kwargs, in_progress=self.in_progress)
         if self.depth <= self.noted_depth:
@@ -89,9 +90,12 @@ class RuleDispatch(TorchDispatchMode):
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind
+        if self.depth == 0:  # the node's own op; a decomposition's parts may use other dtypes
+            check_cpu_kernel_dtypes(func, args, kwargs)
         if kind is Kind.META:
             return run_meta(func, args, kwargs)
         if kind is Kind.FALLBACK:
+            refuse_without_kernel_for(func, context.node_device())
             result, used = run_on_host(func, args, kwargs, limit_bytes=self.session.fallback_limit_bytes,
                                        real_values=self.session.real_values)
             self.session.record.fallback_bytes += used

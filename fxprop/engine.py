@@ -27,7 +27,7 @@ import torch.fx
 from . import symbolic, torch_compat
 from .backend_flags import environment
 from .blame import blame, boundary
-from .cache import CallMemo, RuleCache, is_pure, rule_cache, same_result, verify_by_default
+from .cache import CallMemo, RuleCache, is_pure, may_differentiate, rule_cache, same_result, verify_by_default
 from .containers import FakeTensorFactory, map_structure, tensor_metadata
 from .context import NodeRecord, Session, swap_session
 from .devices import default_device_if_set, device_of, logical_default_device, merge_devices, tag
@@ -251,6 +251,7 @@ class Propagation:
         self.default_device: torch.device | None = None
         self.environment: Hashable = ()
         self.around: Callable | None = None  # set by walk_subgraph for a body's calls (autocast's casts)
+        self.differentiates = options.memo is not None and may_differentiate(gm)
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -315,7 +316,7 @@ class Propagation:
             return None  # a rule may read the values, which the key does not hold
         context = (self.environment, self.default_device, registry_generation())
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
-        return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context)
+        return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context, self.differentiates)
 
     def commit(self) -> None:
         for node, (fake, tensor_meta, value_type, provenance) in self.staged.items():

@@ -6,6 +6,9 @@ type must cast to ``self``'s (TensorIterator's ``check_can_cast``). torch's meta
 ``self`` instead (``a.ge_(b)`` with ``a`` (5, 1) and ``b`` (5, 5) becomes (5, 5)) or keep a result
 type that cannot be written back. The functional twin of the op (``add`` for ``add_``) says what
 the result would be, computed on meta before the in-place kernel runs.
+
+TensorIterator also refuses to write into a tensor some of whose elements share memory (an
+``expand``ed tensor): every elementwise in-place op, ``copy_`` and elementwise ``out=`` calls.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from functools import lru_cache
 
 import torch
 
-from .torch_compat import OpOverload, check
+from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -24,10 +27,10 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
     """``aten.add.Tensor`` for ``aten.add_.Tensor``; None when ``op`` writes no ``self`` or has no twin."""
     if torch.Tag.inplace not in op.tags or op.namespace != "aten":
         return None
-    name = op._schema.name.split("::", 1)[1]
+    name = schema_of(op).name.split("::", 1)[1]
     packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
-    overload = getattr(packet, op._overloadname, None) if packet is not None else None
-    if overload is None or [a.name for a in overload._schema.arguments] != [a.name for a in op._schema.arguments]:
+    overload = getattr(packet, overload_name(op), None) if packet is not None else None
+    if overload is None or [a.name for a in schema_of(overload).arguments] != [a.name for a in schema_of(op).arguments]:
         return None
     if overload.is_view or name == "t_" or any(part in name for part in _RESHAPING_SELF):
         return None  # unsqueeze_, transpose_, resize_ are meant to change self's shape
@@ -36,6 +39,7 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
 
 def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Refuse an in-place call whose result would not fit ``self`` as real kernels refuse it."""
+    check_no_overlapping_write(op, args, kwargs)
     twin = functional_twin(op)
     if twin is None or not args or not isinstance(args[0], torch.Tensor):
         return
@@ -47,10 +51,21 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
           lambda: f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}")
     if torch.Tag.pointwise in op.tags:
         check(torch.can_cast(result.dtype, self.dtype),
-              lambda: f"result type {_name(result.dtype)} can't be cast to the desired output type {_name(self.dtype)}")
+              lambda: f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output type {scalar_type_name(self.dtype)}")
 
 
-def _name(dtype: torch.dtype) -> str:
+def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    if torch.Tag.pointwise not in op.tags and op is not aten.copy_.default:
+        return
+    written = [kwargs.get("out")] if "out" in kwargs else [args[0]] if torch.Tag.inplace in op.tags and args else []
+    for tensor in written:
+        check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
+              lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
+                      "memory location. Please clone() the tensor before performing the operation.")
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """The dtype as ATen's messages name it (``Float``, ``Long``)."""
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
             torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 from .torch_compat import (OpOverload, is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
-                           make_channels_last_2d_strides_for, make_contiguous_strides_for)
+                           make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
 # add.Scalar(self, other), eq.Scalar(self, other) or special_zeta.self_scalar(self, other) --
@@ -53,12 +53,12 @@ def _operand_arguments(op: OpOverload) -> tuple[tuple[int, str], ...] | None:
     results are not laid out by TensorIterator (not elementwise, a view, writing in place, or
     told a memory format)."""
     if (torch.Tag.pointwise not in op.tags and op not in _ELEMENTWISE_UNTAGGED) or op.is_view \
-            or op._schema.is_mutable:
+            or schema_of(op).is_mutable:
         return None
-    if op in _LAID_OUT_BY_THE_KERNEL or any(argument.name == "memory_format" for argument in op._schema.arguments):
+    if op in _LAID_OUT_BY_THE_KERNEL or any(argument.name == "memory_format" for argument in schema_of(op).arguments):
         return None  # clone and _to_copy lay their result out as asked
     operands = []
-    for position, argument in enumerate(op._schema.arguments):
+    for position, argument in enumerate(schema_of(op).arguments):
         kind = argument.type
         if isinstance(kind, torch.OptionalType):
             kind = kind.getElementType()

@@ -4,13 +4,18 @@
 `propagate` call, and builds shadow copies of modules whose state points at those meta
 tensors, so running a module (BatchNorm's running-stat updates included) leaves the user's
 module untouched. A shadow is an instance of the module's own class (its forward, hooks and
-properties work as on the original); the lists, tuples, dicts and sets it holds are copies, so
-nothing the module appends or increments reaches the user's objects.
+properties work as on the original). The containers it holds are copies, so nothing the module
+appends or increments reaches the user's objects: lists, tuples (named ones too), sets, dicts of
+any kind (Counter, OrderedDict, defaultdict), deques, SimpleNamespaces and dataclass instances,
+copied as deep as they nest, each copied once per call so that what modules share stays shared.
+Objects of other classes are the user's own, shared as they are.
 """
 from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
+import types
 import weakref
 from typing import Any, Hashable
 
@@ -20,9 +25,9 @@ from torch import nn
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
 from .specs import meta_like
+from .torch_compat import own_state
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
-_PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 
 class StateView:
@@ -31,6 +36,7 @@ class StateView:
         self._tensors: dict[int, torch.Tensor] = {}
         self._shadows: dict[int, nn.Module] = {}
         self._signatures: dict[int, Hashable] = {}
+        self._copies: dict[int, Any] = {}
         self._keepalive: list[Any] = []
 
     def device_of_state(self, tensor: torch.Tensor) -> torch.device:
@@ -68,9 +74,10 @@ class StateView:
         self._shadows[id(module)] = clone
         self._keepalive.append(module)
         state = {key: self._detached(item) for key, item in module.__dict__.items() if key not in _STATE_SLOTS}
-        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in module._parameters.items()}
-        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in module._buffers.items()}
-        state["_modules"] = {k: None if m is None else self.shadow(m) for k, m in module._modules.items()}
+        parameters, buffers, submodules = own_state(module)
+        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in parameters.items()}
+        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in buffers.items()}
+        state["_modules"] = {k: None if m is None else self.shadow(m) for k, m in submodules.items()}
         clone.__dict__ = state
         return clone
 
@@ -80,14 +87,30 @@ class StateView:
             return self.tensor(item)
         if isinstance(item, nn.Module):
             return self.shadow(item)
-        if type(item) in (list, tuple, set, frozenset):
-            return type(item)(self._detached(part) for part in item)
-        if isinstance(item, dict) and type(item) in _PLAIN_DICTS:
-            copied = copy.copy(item)
+        if not _is_container(item):
+            return item
+        found = self._copies.get(id(item))
+        if found is not None:
+            return found
+        self._keepalive.append(item)
+        if isinstance(item, dict):
+            copied = self._copies[id(item)] = copy.copy(item)
             for key, part in item.items():
                 copied[key] = self._detached(part)
             return copied
-        return item
+        if isinstance(item, collections.deque):
+            copied = self._copies[id(item)] = collections.deque(maxlen=item.maxlen)
+            copied.extend(self._detached(part) for part in item)
+            return copied
+        if isinstance(item, (types.SimpleNamespace,)) or dataclasses.is_dataclass(item):
+            copied = self._copies[id(item)] = copy.copy(item)
+            for key, part in vars(item).items():
+                object.__setattr__(copied, key, self._detached(part))
+            return copied
+        parts = [self._detached(part) for part in item]
+        copied = type(item)(*parts) if hasattr(type(item), "_fields") else type(item)(parts)
+        self._copies[id(item)] = copied
+        return copied
 
     def state_tensors(self, module: nn.Module) -> list[torch.Tensor]:
         """Every parameter and buffer of a module, as meta stand-ins."""
@@ -126,3 +149,9 @@ class StateView:
             else:
                 parts.append((name, signature(item)))
         return tuple(parts)
+
+
+def _is_container(item: Any) -> bool:
+    if isinstance(item, (list, tuple, set, frozenset, dict, collections.deque, types.SimpleNamespace)):
+        return not isinstance(item, torch.Size)
+    return dataclasses.is_dataclass(item) and not isinstance(item, type) and hasattr(item, "__dict__")

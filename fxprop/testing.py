@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from .torch_compat import FakeTensor, pytree
+from .torch_compat import FakeTensor, pytree, version_counter
 
 from .containers import map_structure
 from .engine import propagate
@@ -46,29 +46,34 @@ class Mismatch:
 
 
 def real_value(value: Any, *, generator: torch.Generator | None = None) -> Any:
-    """A real tensor standing in for a spec, a fake or a meta tensor; real tensors are cloned."""
-    def make(shape, stride, dtype, device, requires_grad):
+    """A real tensor standing in for a spec, a fake or a meta tensor, laid out alike (strides,
+    storage offset, overlap); real tensors are copied storage and all."""
+    def make(shape, stride, offset, dtype, device, requires_grad):
         device = torch.device(device)
         if device.type not in ("cpu", "meta") and not _device_available(device):
             device = torch.device("cpu")
         if device.type == "meta":
             device = torch.device("cpu")
-        base = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        extent = offset + 1 + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else 0
+        storage = torch.empty(extent, dtype=dtype, device=device)  # filled whole: a view may overlap itself
         if dtype.is_floating_point or dtype.is_complex:
-            base.copy_(torch.randn(shape, generator=generator).to(dtype))
-        elif dtype == torch.bool:
-            base.copy_(torch.randint(0, 2, shape, generator=generator).bool())
+            storage.copy_(torch.randn(extent, generator=generator).to(dtype))
         else:
-            base.copy_(torch.randint(0, 2, shape, generator=generator).to(dtype))
-        return base.requires_grad_(requires_grad)
+            storage.copy_(torch.randint(0, 2, (extent,), generator=generator).to(dtype))
+        return storage.as_strided(shape, stride, offset).requires_grad_(requires_grad)
 
     if isinstance(value, TensorSpec):
         stride = value.stride or torch.empty(value.shape, device="meta").stride()
-        return make(value.shape, stride, value.dtype, value.device, value.requires_grad)
+        return make(value.shape, stride, 0, value.dtype, value.device, value.requires_grad)
     if isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.device.type == "meta"):
-        return make(value.shape, value.stride(), value.dtype, value.device, value.requires_grad)
+        return make(value.shape, value.stride(), value.storage_offset(), value.dtype, value.device,
+                    value.requires_grad)
     if isinstance(value, torch.Tensor):
-        return value.detach().clone(memory_format=torch.preserve_format).requires_grad_(value.requires_grad)
+        if value.layout is not torch.strided:
+            return value.detach().clone().requires_grad_(value.requires_grad)
+        copy = torch.empty(0, dtype=value.dtype, device=value.device)
+        copy.set_(value.detach().untyped_storage().clone(), value.storage_offset(), value.shape, value.stride())
+        return copy.requires_grad_(value.requires_grad)
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return type(value)(real_value(v, generator=generator) for v in value)
     if isinstance(value, dict):
@@ -424,7 +429,7 @@ class _TensorState:
             with torch.no_grad():
                 bits = tensor.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
         return _TensorState(tensor, bits, tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad,
-                            tensor._version, tensor.grad_fn, tensor.grad if tensor.is_leaf else None)
+                            version_counter(tensor), tensor.grad_fn, tensor.grad if tensor.is_leaf else None)
 
     def differences(self, after: "_TensorState", where: str) -> list[str]:
         fields = ("bits", "shape", "stride", "dtype", "requires_grad", "version", "grad_fn", "grad")

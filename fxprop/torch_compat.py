@@ -31,6 +31,7 @@ from torch.utils._sympy import functions as sympy_functions  # noqa: F401
 
 check = torch._check
 check_index = torch._check_index
+internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: some elements share memory, 2: too hard to tell
 has_kernel_for_dispatch_key = torch._C._dispatch_has_kernel_for_dispatch_key
 set_grad_enabled_op = torch._C._set_grad_enabled
 DelayedError = torch._C._functions.DelayedError
@@ -51,6 +52,34 @@ is_non_overlapping_and_dense = _prims_common.is_non_overlapping_and_dense_or_fal
 meta_index_tensor = _meta_registrations.meta_index_Tensor
 
 DATA_DEPENDENT_ERRORS = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+
+
+def schema_of(op: OpOverload) -> Any:
+    """The op's FunctionSchema (its arguments, returns, mutability)."""
+    return op._schema
+
+
+def overload_name(op: OpOverload) -> str:
+    return op._overloadname
+
+
+def packet_of(op: OpOverload) -> OpOverloadPacket:
+    return op._overloadpacket
+
+
+def version_counter(tensor: torch.Tensor) -> int:
+    """How many times the tensor was written in place (autograd's version counter)."""
+    return tensor._version
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """A key that two views share exactly when they share a storage."""
+    return tensor.untyped_storage()._cdata
+
+
+def own_state(module: torch.nn.Module) -> tuple[dict, dict, dict]:
+    """A module's own parameters, buffers and submodules by name, None entries (a bias=False) included."""
+    return module._parameters, module._buffers, module._modules
 
 
 def is_view(tensor: torch.Tensor) -> bool:

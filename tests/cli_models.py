@@ -4,7 +4,8 @@ from torch import nn
 
 lib = torch.library.Library("fxprop_cli_test", "DEF")
 lib.define("gap(Tensor x, int width) -> Tensor")
-lib.impl("gap", lambda x, width: x[..., width:] - x[..., :-width], "CPU")  # no fake/meta kernel: falls back
+for _key in ("CPU", "CUDA"):  # no fake/meta kernel: falls back
+    lib.impl("gap", lambda x, width: x[..., width:] - x[..., :-width], _key)
 
 
 class Layer(nn.Module):

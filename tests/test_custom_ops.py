@@ -1,4 +1,5 @@
 """A torch.library op with no fake kernel falls back to real tensors; a registered rule removes the fallback."""
+import pytest
 import torch
 
 import fxprop
@@ -79,3 +80,16 @@ def test_lookup_order():
     assert fxprop.lookup(aten.bmm.default).kind == "meta"
     assert fxprop.lookup(aten.convolution.default).kind == "python"
     assert fxprop.lookup("to").device_rule == "Tensor.to"
+
+
+def test_a_library_op_with_only_a_cpu_kernel_is_refused_on_cuda_as_real_execution_refuses():
+    lib = torch.library.Library("fxprop_cpu_only", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CPU")
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_cpu_only.twice(x))
+    fxprop.propagate(gm, fxprop.TensorSpec((3,)))
+    assert gm.graph.output_node().meta["val"].shape == (3,)
+    with pytest.raises(fxprop.PropagationError, match="no kernel for cuda") as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec((3,), device="cuda:0"))
+    assert caught.value.error_type is NotImplementedError
+    assert not isinstance(caught.value, fxprop.InternalError)

@@ -285,8 +285,7 @@ ATEN_FACTORY_SAMPLES = {
     "zeros": (aten.zeros.default, ([3],)), "fft_fftfreq": (aten.fft_fftfreq.default, (3,)),
     "fft_rfftfreq": (aten.fft_rfftfreq.default, (3,)), "normal": (aten.normal.float_float, (0.0, 1.0, [3])),
 }
-ATEN_FACTORIES = [name for name in (*factories.CONSTRUCTORS, *factories.FFT_CONSTRUCTORS.values(),
-                                    *factories.ATEN_ONLY_FACTORIES)
+ATEN_FACTORIES = [name for name in (*factories.CONSTRUCTORS, *factories.FFT_CONSTRUCTORS.values(), "normal")
                   if hasattr(aten, name) and name not in factories.TAKES_DATA]
 
 
@@ -523,3 +522,20 @@ def test_one_op_graphs_match_a_real_gpu_run(case, target, args, kwargs, devices)
         pytest.skip(reason)
     from fxprop.testing import assert_matches_real
     assert_matches_real(gm, *values, check_device=True)
+
+
+def test_a_device_read_off_an_input_keeps_its_type():
+    def f(x):
+        return x + torch.ones(2, 2, device=x.device.type), x.device.index
+    gm = torch.fx.symbolic_trace(f)
+    fxprop.propagate(gm, fxprop.TensorSpec((2, 2), device="cuda:0"))
+    out, index = gm.graph.output_node().meta["val"]
+    assert out.device == torch.device("cuda:0") and index == 0
+
+
+@pytest.mark.parametrize("overload, args", [
+    (aten.normal.Tensor_float, (torch.randn(3),)), (aten.normal.float_Tensor, (0.0, torch.rand(3))),
+    (aten.normal.Tensor_Tensor, (torch.randn(3), torch.rand(3))), (aten.normal, (torch.randn(3), torch.rand(3)))])
+def test_an_op_that_is_a_factory_in_one_overload_only_is_placed_by_its_schema(overload, args):
+    from fxprop.testing import check_rule
+    check_rule(overload, *args)

@@ -201,7 +201,8 @@ def test_fused_adam_with_a_tensor_lr_and_a_grad_on_another_device():
 
 _host_only = torch.library.Library("fxprop_devices_test", "DEF")
 _host_only.define("shifted(Tensor x) -> Tensor")
-_host_only.impl("shifted", lambda x: x[1:] - x[:-1], "CPU")  # a CPU kernel only: no meta, no CUDA
+for _key in ("CPU", "CUDA"):  # kernels for both devices, no meta kernel
+    _host_only.impl("shifted", lambda x: x[1:] - x[:-1], _key)
 
 
 def test_a_cuda_target_op_with_no_meta_kernel_falls_back_on_the_host():
@@ -210,3 +211,22 @@ def test_a_cuda_target_op_with_no_meta_kernel_falls_back_on_the_host():
     assert tuple(out.shape) == (4,)
     node = next(n for n in gm.graph.nodes if n.op == "call_function")
     assert out.device == CUDA0 and node.meta["fxprop"].kind == "fallback" and node.meta["fxprop"].fallback_bytes > 0
+
+
+class LearnedBiasAttention(torch.nn.Module):
+    """T5's shape: the attention mask is a learned position bias, so it requires grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(1, 2, 5, 5))
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+
+@pytest.mark.parametrize("trace", ["symbolic_trace", "export"])
+def test_sdpa_on_the_cpu_with_a_mask_that_requires_grad_takes_the_math_path(trace):
+    from fxprop.testing import assert_matches_real
+    model, q = LearnedBiasAttention(), torch.randn(1, 2, 5, 8)
+    gm = torch.fx.symbolic_trace(model) if trace == "symbolic_trace" else torch.export.export(model, (q, q, q)).module()
+    assert_matches_real(gm, q, q, q)

@@ -813,7 +813,8 @@ assert len(OPS) >= 60, len(OPS)
 # metadata as torch's meta kernels (and FakeTensorProp) do, for any target device. After such
 # an error fxprop may go on, so only the nodes before it are compared. Reviewed; one reason each.
 UNMODELED_REAL_ERRORS = {
-    r"not implemented for '": "which dtypes a backend's kernels implement is not modeled: meta kernels accept "
+    r"not implemented for '": "which dtypes a backend's kernels implement is asked of the CPU's own kernel for "
+                              "elementwise ops only (fxprop/kernel_dtypes.py); for other ops meta kernels accept "
                               "every dtype, and the answer differs per device (CPU vs CUDA)",
     r"without overflow": "whether a python scalar fits the tensor's dtype is checked by the compute kernels "
                          "only (a value check, not a shape check)",
@@ -834,8 +835,9 @@ UNMODELED_REAL_ERRORS = {
                             "(CUDA's differ); meta kernels accept any",
     r"more than one element of the written-to tensor refers to a single memory location"
     r"|some elements of the input tensor and the written-to tensor refer to a single memory location":
-        "in-place writes into self-overlapping (expanded) tensors, or from an input overlapping the output, are "
-        "refused by TensorIterator at run time; meta kernels skip the overlap checks",
+        "writes into self-overlapping (expanded) tensors are refused as TensorIterator refuses them for elementwise "
+        "ops and copy_ (fxprop/in_place.py), but not for other kernels' own checks; an input partially "
+        "overlapping the output is not modeled (meta tensors share no addresses to compare)",
 }
 
 

@@ -6,7 +6,10 @@ to every fuzzed graph. Here it is first shown to catch each kind of side effect,
 to the graphs most likely to cause one: in-place ops on inputs and parameters, training-mode
 BatchNorm and dropout, random factories, grad-mode and requires_grad toggles.
 """
+import collections
 import copy
+import dataclasses
+import types
 
 import pytest
 import torch
@@ -164,3 +167,40 @@ def test_snapshots_read_any_layout(tensor):
     """Finding (in the helper itself): bit snapshots of non-dense tensors failed to view as bytes."""
     with assert_no_side_effects(torch.nn.Module(), tensor):
         pass
+
+
+# --- a leaf module's own containers, of every kind a shadow copies ---
+@dataclasses.dataclass
+class Stats:
+    calls: int = 0
+    seen: list = dataclasses.field(default_factory=list)
+class Leaf(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.history = collections.deque(maxlen=3); s.counts = collections.Counter(); s.ns = types.SimpleNamespace(n=0, t=torch.zeros(2))
+        s.stats = Stats(); s.pair = collections.namedtuple("P", "a b")([1], [2])
+    def forward(s, x):
+        s.history.append(1); s.counts["x"] += 1; s.ns.n += 1; s.ns.t += 1; s.stats.calls += 1; s.stats.seen.append(1); s.pair.a.append(3)
+        return x + 1
+class T(torch.fx.Tracer):
+    def is_leaf_module(self, m, q): return isinstance(m, Leaf) or super().is_leaf_module(m, q)
+
+
+class _HoldsLeaf(torch.nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.leaf = Leaf()
+
+    def forward(s, x):
+        return s.leaf(x)
+
+
+def test_a_leaf_module_mutating_its_deques_counters_namespaces_and_dataclasses_leaves_them_alone():
+    model = _HoldsLeaf()
+    gm = torch.fx.GraphModule(model, T().trace(model))
+    fxprop.propagate(gm, torch.randn(2))
+    leaf = model.leaf
+    assert list(leaf.history) == [] and leaf.counts == collections.Counter() and leaf.ns.n == 0
+    assert torch.equal(leaf.ns.t, torch.zeros(2)) and leaf.stats == Stats() and leaf.pair.a == [1]
+    model(torch.randn(2))  # the real module still mutates its own state
+    assert list(leaf.history) == [1] and leaf.stats.calls == 1

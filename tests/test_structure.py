@@ -75,6 +75,48 @@ def test_the_scan_sees_each_way_of_reaching_a_private_name():
                                          "from .torch_compat import _disable_current_modes\n")) == []
 
 
+def names_fxprop_defines() -> set[str]:
+    """Every name fxprop binds itself: functions, classes, attributes it assigns, imports."""
+    own = set()
+    for _, _, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                own.update(alias.asname or alias.name.split(".")[-1] for alias in node.names)
+    return own
+
+
+def foreign_private_attributes(tree: ast.AST, own: set[str]) -> list[str]:
+    """``obj._name`` where fxprop never defines ``_name``: another library's private attribute
+    (an op's ``_schema``, a tensor's ``_version``). Operator names (``aten._softmax``) are public."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and node.attr not in own:
+            dotted = _dotted(node.value) or ""
+            if dotted.split(".")[-1] == "aten" or dotted.startswith("torch.ops"):
+                continue
+            found.append(f"{dotted or '<expr>'}.{node.attr}")
+    return found
+
+
+def test_no_module_but_torch_compat_reads_a_private_attribute_of_torchs_objects():
+    own = names_fxprop_defines()
+    offenders = {name: sorted(set(found)) for name, _, tree in modules() if name != "fxprop.torch_compat"
+                 if (found := foreign_private_attributes(tree, own))}
+    assert offenders == {}
+
+
+def test_the_attribute_scan_sees_torchs_private_attributes():
+    tree = ast.parse("op._schema.arguments\nx = t._version\ny = aten._softmax.default\nz = module._parameters\n")
+    assert sorted(foreign_private_attributes(tree, set())) == ["module._parameters", "op._schema", "t._version"]
+
+
 def test_the_patched_name_is_the_one_torch_consults():
     for where, (module, attribute) in torch_compat.patched_names().items():
         assert hasattr(module, attribute), f"{where} is gone: torch no longer consults it"

@@ -214,3 +214,26 @@ def test_bad_input_is_an_input_error(make):
         warnings.simplefilter("ignore")
         with pytest.raises(fxprop.InputError):
             make()
+
+
+def _backward_then_grad(x, w):
+    torch.mm(x, w).relu().sum().backward()
+    return w.grad
+
+
+def _double_backward(x, w):
+    y = torch.mm(x, w).tanh()
+    g, = torch.autograd.grad(y.sum(), [x], create_graph=True)
+    h, = torch.autograd.grad(g.sum(), [w])
+    return h
+
+
+@pytest.mark.parametrize("fn", [_backward_then_grad, _double_backward])
+def test_a_graph_that_differentiates_gets_results_with_autograd_history_from_a_warm_cache(fn):
+    gm = torch.fx.symbolic_trace(fn)
+    for _ in range(2):  # the second call finds every forward result in the cache
+        x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+        expected = fn(x, w)
+        fxprop.propagate(gm, torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True))
+        val = gm.graph.output_node().meta["val"]
+        assert (val.shape, val.stride(), val.dtype) == (expected.shape, expected.stride(), expected.dtype)

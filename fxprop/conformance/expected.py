@@ -36,37 +36,28 @@ def expected_failures(*entries: tuple[str, str, str]) -> dict[str, ExpectedFailu
     return table
 
 
-_SYMBOLIC_WIP = "(symbolic sizes for data-dependent ops are being added in fxprop/rules/data_dependent.py)"
 _NO_CPU_DTYPES = "the OpInfo lists no CPU dtypes: its kernels exist only for CUDA/ROCm, so no CPU sample runs"
 
 EXPECTED_FAILURES: dict[str, ExpectedFailure] = expected_failures(
-    # The answer depends on the values, which a static pass does not have. FakeTensorMode
+    # The answer depends on the values, which a static pass does not have: fxprop raises
+    # DataDependentError (an unsupported case, never a refusal counted as right). FakeTensorMode
     # fails on these samples too.
-    ("allclose", "data-dependent",
-     "returns a python bool computed from the values; fxprop answers from the host fallback's "
-     "synthesized data (the same ones on both sides, so always True) " + _SYMBOLIC_WIP),
-    ("equal", "data-dependent",
-     "returns a python bool computed from the values; fxprop answers from synthesized data " + _SYMBOLIC_WIP),
-    ("bincount", "data-dependent",
-     "the output length is max(input) + 1; the host fallback sees zeros and answers 1 " + _SYMBOLIC_WIP),
     ("narrow", "data-dependent",
-     "samples whose start is a 0-dim tensor: the start becomes an unbacked symbol that the slice "
-     "meta kernel cannot bound " + _SYMBOLIC_WIP),
+     "samples whose start is a 0-dim tensor: the start is read with item() and becomes an unbacked "
+     "symbol, which the slice meta kernel cannot bound"),
     ("tensor_split", "data-dependent",
-     "samples that split at a tensor of indices: the split points are values; torch's kernel "
-     "requires that tensor on the host, and fxprop moved it to meta " + _SYMBOLIC_WIP),
+     "samples that split at a tensor of indices: the split points are values, which torch's kernel "
+     "reads on the host"),
     ("nn.functional.one_hot", "data-dependent",
-     "with num_classes=-1 the class count is max(input) + 1; the symbolic count cannot size the "
-     "output " + _SYMBOLIC_WIP),
+     "with num_classes=-1 the class count is max(input) + 1, a value the output's size needs"),
     ("istft", "data-dependent",
      "the C++ composite checks the window envelope's values (the NOLA condition) before it "
-     "computes any shape, so every sample needs data (FakeTensorMode fails the same way)"),
+     "computes any shape, so every sample needs data"),
     ("nn.functional.gaussian_nll_loss", "data-dependent",
-     "the python function branches on torch.any(var < 0); with a symbolic value the branch cannot "
-     "be decided " + _SYMBOLIC_WIP),
+     "the python function branches on torch.any(var < 0), which depends on the values"),
     ("linalg.lstsq", "data-dependent",
-     "no meta kernel: the host fallback's all-ones matrix is rank-deficient, so lstsq raises or "
-     "returns empty residuals where the real full-rank input has them (residuals depend on the rank)"),
+     "with the gelss and gelsd drivers the residuals exist only when the matrix has full rank, "
+     "which depends on the values (no meta kernel; fxprop says so rather than ask synthesized data)"),
     ("linalg.lstsq.grad_oriented", "data-dependent",
      "the same op as linalg.lstsq, through a wrapper: residuals depend on the matrix's rank"),
     # Inputs fxprop does not take.

@@ -7,6 +7,8 @@
   mode intercepts (`torch.utils._device._device_constructors`).
 - aten factories (graphs from torch.export / make_fx): ``device=`` else the CPU, because the
   default device applies only to python-level calls; an ``out=`` tensor's device for out variants.
+  Ops that are factories in some overloads only (``normal.float_float`` beside
+  ``normal.Tensor_Tensor``) follow the default rule, which tells them apart by their schema.
 - ``*_like``: ``device=`` else the input's device. ``new_*``: ``device=`` else ``self``'s
   device (also for `new_tensor` of data on another device).
 - pin_memory: only CPU tensors can be pinned; the pinned copy is a CPU tensor.
@@ -29,7 +31,6 @@ FFT_CONSTRUCTORS = {"fftfreq": "fft_fftfreq", "rfftfreq": "fft_rfftfreq"}
 TAKES_DATA = ("tensor", "as_tensor", "asarray")  # without a default device, a tensor's data keeps its device
 LIKE = ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like")
 NEW = ("new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "new_tensor")
-ATEN_ONLY_FACTORIES = ("normal",)  # normal.float_float(mean, std, size, *, device=None)
 
 
 def _explicit(kwargs: dict) -> torch.device | None:
@@ -66,7 +67,7 @@ def _aten_factory(name: str):
     return rule
 
 
-for _name in (*CONSTRUCTORS, *FFT_CONSTRUCTORS.values(), *ATEN_ONLY_FACTORIES):
+for _name in (*CONSTRUCTORS, *FFT_CONSTRUCTORS.values()):
     if _name in TAKES_DATA:
         continue  # aten::tensor / aten::as_tensor are TorchScript builtins, not graph ops
     _packet = getattr(aten, _name, None)

@@ -1,7 +1,7 @@
 """Values read off a tensor onto the host: python values, never tensors on the target device.
 
 - device attributes (``x.device``, ``x.is_cuda``, ``x.get_device()``, ``x.type()``) are known
-  from the logical device alone;
+  from the logical device alone, and so are that device's own (``x.device.type``);
 - ``x.item()`` and ``x.tolist()`` need data: like every op no rule covers, they run on host
   CPU stand-ins (`fxprop.kinds.fallback`), whose values are the user's own for small integer
   inputs passed for real and placeholders otherwise;
@@ -33,6 +33,8 @@ def getattr_rule(target, args, kwargs):
     obj, name, *default = args
     if isinstance(obj, torch.Tensor) and name in DEVICE_ATTRIBUTES:
         return host(DEVICE_ATTRIBUTES[name](device_of(obj)), f"Tensor.{name}")
+    if isinstance(obj, torch.device):  # a logical device's ``type`` / ``index``, never the host's
+        return host(builtins.getattr(obj, name, *default), f"torch.device.{name}")
     return default_placement(target, args, kwargs)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
-from ..torch_compat import OpOverload, OpOverloadPacket
+from ..torch_compat import OpOverload, OpOverloadPacket, schema_of
 
 from ..errors import PropagationError, RuleRegistrationError
 from .placement import CPU, META, device_of, merge_devices, normalize_device
@@ -120,7 +120,7 @@ def default_placement(target: Any, args: tuple, kwargs: dict) -> Placement:
         return Placement(normalize_device(explicit), target, *onto_meta(args, kwargs), "explicit device argument")
     common = merge_devices(tensors_in(args, kwargs))
     if common is None:
-        if isinstance(target, OpOverload) and any(a.name == "device" for a in target._schema.arguments):
+        if isinstance(target, OpOverload) and any(a.name == "device" for a in schema_of(target).arguments):
             kwargs = {**kwargs, "device": META}  # an aten factory: `with torch.device("meta")` does not reach it
         return Placement(CPU, target, *onto_meta(args, kwargs), "no tensor inputs: the CPU")
     return Placement(common, target, *onto_meta(args, kwargs), "common device of inputs", transfer=False)
@@ -146,7 +146,7 @@ def bind(op: OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
     """An aten overload's arguments by name, defaults filled in from its schema."""
     bound: dict[str, Any] = {}
     positional = list(args)
-    for argument in op._schema.arguments:
+    for argument in schema_of(op).arguments:
         if positional and not argument.kwarg_only:
             bound[argument.name] = positional.pop(0)
         elif argument.name in kwargs:

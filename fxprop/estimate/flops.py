@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
-                            has_kernel_for_dispatch_key)
+                            has_kernel_for_dispatch_key, own_state, packet_of)
 
 aten = torch.ops.aten
 
@@ -112,7 +112,7 @@ class CountingMode(TorchDispatchMode):
             if decomposed is not NotImplemented:
                 return decomposed
         out = func(*args, **kwargs)
-        formula = FORMULAS.get(func._overloadpacket)
+        formula = FORMULAS.get(packet_of(func))
         if formula is not None:
             self.flops = self.flops + formula(*args, **kwargs, out_val=out)
         return out
@@ -127,7 +127,7 @@ class MetaShadows:
     only read. One copy per module and one meta tensor per real tensor, for one estimate."""
 
     def __init__(self) -> None:
-        self._modules: dict[int, nn.Module] = {}
+        self._copies: dict[int, nn.Module] = {}
         self._tensors: dict[int, torch.Tensor] = {}
         self._keys: dict[int, Hashable | None] = {}
         self._keepalive: list[Any] = []
@@ -143,16 +143,17 @@ class MetaShadows:
         return found
 
     def module(self, real: nn.Module) -> nn.Module:
-        found = self._modules.get(id(real))
+        found = self._copies.get(id(real))
         if found is not None:
             return found
         clone = real.__class__.__new__(real.__class__)
-        self._modules[id(real)] = clone
+        self._copies[id(real)] = clone
         self._keepalive.append(real)
         state = dict(real.__dict__)
-        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in real._parameters.items()}
-        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in real._buffers.items()}
-        state["_modules"] = {k: None if m is None else self.module(m) for k, m in real._modules.items()}
+        parameters, buffers, submodules = own_state(real)
+        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in parameters.items()}
+        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in buffers.items()}
+        state["_modules"] = {k: None if m is None else self.module(m) for k, m in submodules.items()}
         for key, item in real.__dict__.items():
             if key in ("_parameters", "_buffers", "_modules"):
                 continue
@@ -240,7 +241,7 @@ _FREE_METHODS = frozenset({"size", "dim", "numel", "stride", "view", "reshape", 
 
 
 def _has_formula(op: OpOverload) -> bool:
-    return op._overloadpacket in FORMULAS
+    return packet_of(op) in FORMULAS
 
 
 def _may_reach_formulas(op: OpOverload) -> bool:
@@ -292,7 +293,7 @@ class FlopCounter:
         target = node.target
         if isinstance(target, OpOverload):
             if _has_formula(target):
-                return FORMULAS[target._overloadpacket](*args, **kwargs, out_val=node.meta.get("val"))
+                return FORMULAS[packet_of(target)](*args, **kwargs, out_val=node.meta.get("val"))
             return None if _may_reach_formulas(target) else 0
         if node.op == "call_method" and target in _FREE_METHODS or node.op == "call_function" and _is_free(target):
             return 0

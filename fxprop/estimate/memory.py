@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 import torch.fx
 
-from ..torch_compat import FakeTensor, OpOverload
+from ..torch_compat import FakeTensor, OpOverload, schema_of, storage_key
 
 
 @dataclass
@@ -62,10 +62,6 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     if isinstance(value, dict):
         return [tensor for item in value.values() for tensor in tensors_in(item)]
     return []
-
-
-def storage_key(tensor: torch.Tensor) -> Hashable:
-    return tensor.untyped_storage()._cdata
 
 
 def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_device: str | None = None,
@@ -136,7 +132,7 @@ def _declared_aliases(node: torch.fx.Node) -> Callable[[int], torch.fx.Node | No
         return lambda index: source
     if node.op != "call_function" or not isinstance(target, OpOverload):
         return lambda index: None
-    schema = target._schema
+    schema = schema_of(target)
     bound: dict[str, Any] = {argument.name: value for argument, value in zip(schema.arguments, node.args)}
     bound.update(node.kwargs)
     sources = []

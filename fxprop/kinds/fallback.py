@@ -19,9 +19,11 @@ import torch
 
 from .. import symbolic
 from ..blame import boundary
-from ..errors import FallbackLimitError
-from ..torch_compat import OpOverload, pytree
+from ..errors import FallbackLimitError, PropagationError
+from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, pytree, schema_of
 
+_KERNELS_FOR_EVERY_DEVICE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
+                             "CompositeImplicitAutograd")
 REAL_VALUE_LIMIT = 1 << 16  # elements: larger user tensors are never kept for the fallback
 _SEED = 0x5EED
 
@@ -64,6 +66,22 @@ def _over_limit(op: Any, needed: int, limit: int, what: str) -> FallbackLimitErr
         f"{op}: no rule covers this op, and running it on real tensors would need {needed:,} bytes "
         f"({what}), over the fallback limit of {limit:,} bytes "
         "(raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
+
+
+def refuse_without_kernel_for(op: Any, device: torch.device | None) -> None:
+    """The host runs an op for any logical device, but a library op registered for some
+    devices only cannot run on the others: real execution raises NotImplementedError there.
+    (torch's own ops are skipped: this build of torch may lack kernels another build has.)"""
+    if device is None or device.type in ("cpu", "meta") or not isinstance(op, OpOverload):
+        return
+    if op.namespace in ("aten", "prims", "_c10d_functional", "c10d", "quantized", "_quantized"):
+        return
+    keys = (device.type.upper() if device.type != "privateuseone" else "PrivateUse1", *_KERNELS_FOR_EVERY_DEVICE)
+    if not any(has_kernel_for_dispatch_key(op.name(), key) for key in keys):
+        raise PropagationError(
+            f"Could not run '{op.name()}' with arguments from the '{keys[0]}' backend: the op has no kernel for "
+            f"{device.type} (and no composite one), so real execution on {device} raises",
+            error_type=NotImplementedError)
 
 
 @boundary
@@ -112,4 +130,4 @@ def _dtype_of(value: bool | int | float) -> torch.dtype:
 
 
 def _takes_generator(op: Any) -> bool:
-    return isinstance(op, OpOverload) and any(argument.name == "generator" for argument in op._schema.arguments)
+    return isinstance(op, OpOverload) and any(argument.name == "generator" for argument in schema_of(op).arguments)

@@ -4,10 +4,11 @@
 |---|---|
 | elementwise ops | `elementwise.py` |
 | reductions (max, min, median, mode, softmax) | `reductions.py` |
-| sorting | `sorting.py` |
+| sorting and searching (sort, bucketize) | `sorting.py` |
+| random sampling (multinomial, uniform) | `sampling.py` |
 | moving elements (roll) | `movement.py` |
 | matrix products | `linalg.py` |
-| indexing (index_select, boolean masks) | `indexing.py` |
+| indexing (index_select, index_add, boolean masks, masked_scatter) | `indexing.py` |
 | ops whose output sizes or values depend on the data | `data_dependent.py` |
 | convolution (and cuDNN's) | `conv.py` |
 | pooling | `pooling.py` |
@@ -23,7 +24,7 @@ Which rule handles a call, these or torch's own kernels, is decided by `fxprop.r
 """
 from ..registry import registered_rules, rule, target_name, unregister
 from . import (attention, conv, data_dependent, elementwise, indexing, linalg, movement, normalization,  # noqa: F401
-               global_state, optimizers, pooling, recurrent, reductions, sorting, upsample)
+               global_state, optimizers, pooling, recurrent, reductions, sampling, sorting, upsample)
 from . import higher_order  # noqa: F401
 
 __all__ = ["registered_rules", "rule", "target_name", "unregister"]

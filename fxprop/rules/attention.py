@@ -22,15 +22,17 @@ _EXACT_SAMPLE_LIMIT = 1 << 24  # elements; above this the host sample keeps only
 
 
 def _host_sample(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """A CPU tensor with the same metadata, for the host's backend checks (never filled)."""
+    """A CPU tensor with the same metadata, for the host's backend checks (never filled).
+    ``requires_grad`` is kept: the CPU takes the math path for a mask that requires grad."""
     if tensor is None:
         return None
     if symbolic.has_symbolic([tensor]):
-        return symbolic.host_sample(tensor)
-    if tensor.numel() <= _EXACT_SAMPLE_LIMIT:
-        return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
-    shape = tuple(min(size, 2) for size in tensor.shape)
-    return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+        sample = symbolic.host_sample(tensor)
+    elif tensor.numel() <= _EXACT_SAMPLE_LIMIT:
+        sample = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="cpu")
+    else:
+        sample = torch.empty(tuple(min(size, 2) for size in tensor.shape), dtype=tensor.dtype, device="cpu")
+    return sample.requires_grad_(tensor.requires_grad)
 
 
 def attention_settings() -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import context
+from ..blame import boundary
 from ..registry import rule
 from ..torch_compat import (ConvBackend, check, conv_determine_backend_memory_format, select_conv_backend,
                            suggest_memory_format)
@@ -29,9 +30,13 @@ def _cpu_backend(input, weight, bias, stride, padding, dilation, transposed, out
         return backends.Mkldnn if input.dtype in _REDUCED_PRECISION and torch.backends.mkldnn.is_available() \
             else backends.Slow2d
     with context.on_host():
-        return select_conv_backend(
-            _host_stand_in(input), _host_stand_in(weight), _host_stand_in(bias), stride, padding, dilation,
-            transposed, output_padding, groups)
+        return _select_backend(_host_stand_in(input), _host_stand_in(weight), _host_stand_in(bias), stride, padding,
+                               dilation, transposed, output_padding, groups)
+
+
+@boundary
+def _select_backend(*args):
+    return select_conv_backend(*args)  # what it refuses, the real convolution refuses
 
 
 def _output_format(input, weight, bias, *conv_args) -> torch.memory_format | None:
@@ -51,8 +56,17 @@ def _output_format(input, weight, bias, *conv_args) -> torch.memory_format | Non
     return conv_determine_backend_memory_format(input, weight, backend)
 
 
+def check_conv_params(stride, padding, dilation, output_padding) -> None:
+    """ATen's ``check_shape_forward``, which the meta kernel skips."""
+    check(all(p >= 0 for p in padding), lambda: "negative padding is not supported")
+    check(all(p >= 0 for p in output_padding), lambda: "negative output_padding is not supported")
+    check(all(s > 0 for s in stride), lambda: "non-positive stride is not supported")
+    check(all(d > 0 for d in dilation), lambda: f"dilation should be greater than zero, but got {list(dilation)}")
+
+
 @rule(aten.convolution.default)
 def convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    check_conv_params(stride, padding, dilation, output_padding)
     # Every backend's _select_conv_backend refuses an empty input unless its batch or channels are 0.
     check(input.numel() != 0 or input.dim() < 2 or input.shape[0] == 0 or input.shape[1] == 0,
                  lambda: f"Only zero batch or zero channel inputs are supported, but got input shape: {list(input.shape)}")

@@ -32,7 +32,7 @@ from ..errors import UnsupportedError
 from ..registry import rule, target_name
 from ..torch_compat import (FakeTensor, FakeTensorMode, HigherOrderOperator, OpOverload, TorchDispatchMode,
                             auto_functionalized_kernels, autocast_region_calls, check, flat_apply_kernel,
-                            has_kernel_for_dispatch_key, pytree, without_ambient_modes)
+                            has_kernel_for_dispatch_key, pytree, schema_of, without_ambient_modes)
 
 aten = torch.ops.aten
 higher_order = torch.ops.higher_order
@@ -651,7 +651,7 @@ def with_effects(token, op, *args, **kwargs):
     if not isinstance(op, OpOverload):
         raise UnsupportedError(f"with_effects of {op!r}: only ops are supported")
     out = None
-    if op._schema.returns:
+    if schema_of(op).returns:
         placement = place(op, args, kwargs)
         if placement.has_host_value:
             out = placement.host_value

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import context
+from ..in_place import scalar_type_name
 from ..registry import rule
 from ..torch_compat import check, check_index, meta_index_tensor
 from .data_dependent import known_values, nonzero
@@ -61,3 +62,79 @@ def index(input: torch.Tensor, indices: list) -> torch.Tensor:
             dim += 1
             expanded.append(index_tensor)
     return meta_index_tensor(input, expanded)
+
+
+def _index_func(op, name: str):
+    """Corrects the meta kernels of index_add, which skip ATen's
+    ``index_func_meta_impl`` checks of the index and of ``source`` against ``self``."""
+    def checking_source(self, dim, index, source, *args, **kwargs):
+        dim = wrap_dim(dim, self.dim())
+        check_index(index.dim() <= 1, lambda: f"{name}_(): Index is supposed to be a vector, but got dim: {index.dim()} "
+                                              f"with type: {scalar_type_name(index.dtype)} and size: {list(index.shape)}")
+        check(index.dtype in (torch.int64, torch.int32),
+              lambda: f"{name}_(): Expected dtype int32/int64 for index but got: {scalar_type_name(index.dtype)}")
+        check(self.dtype == source.dtype, lambda: f"{name}_(): self ({scalar_type_name(self.dtype)}) and source "
+                                                  f"({scalar_type_name(source.dtype)}) must have the same scalar type")
+        check(dim == 0 or dim < source.dim(),
+              lambda: f"{name}_(): Indexing dim {dim} is out of bounds of the source tensor with dim {source.dim()}")
+        indexed = 1 if source.dim() == 0 else source.shape[dim]
+        check(index.numel() == indexed, lambda: f"{name}_(): Number of indices ({index.numel()}) should be equal to "
+                                                f"source.size(dim): ({indexed}), for dim: {dim}")
+        self_sizes, source_sizes = list(self.shape), list(source.shape)
+        if source.dim() != 0 and self.dim() != 0:
+            del self_sizes[dim], source_sizes[dim]
+        check(self_sizes == source_sizes, lambda: "source tensor shape must match self tensor shape, excluding the "
+                                                  f"specified dimension. Got self.shape = {list(self.shape)} "
+                                                  f"source.shape = {list(source.shape)}")
+        return op(self, dim, index, source, *args, **kwargs)
+    checking_source.__name__ = checking_source.__qualname__ = f"{op.__name__.replace('.', '_')}_checking_source"
+    return rule(op)(checking_source)
+
+
+for _op in (aten.index_add.default, aten.index_add_.default):
+    _index_func(_op, "index_add")
+
+
+def _index_copy(op):
+    """Corrects index_copy's decomposition, which checks with RuntimeError what ATen checks with
+    IndexError, and takes int32 indices and a source of another dtype, which ATen refuses."""
+    def checking_source(self, dim, index, source):
+        dim = wrap_dim(dim, self.dim())
+        check_index(index.dim() <= 1, lambda: f"index_copy_(): Index should have dimension 1 or 0 (got {index.dim()})")
+        check_index(source.dim() != 0 or index.numel() == 1, lambda: "index_copy_(): When source is scalar, index "
+                                                                     f"should have one element (got {index.numel()})")
+        check_index(source.dim() == self.dim() or source.dim() == 0 or self.dim() == 0,
+                    lambda: "index_copy_(): When source and destination are not scalars, their dimensionality must "
+                            f"match. Source dimensionality ({source.dim()}), destination dimensionality ({self.dim()})")
+        check(index.dtype == torch.int64,
+              lambda: f"index_copy_(): Expected a long tensor for index, but got {scalar_type_name(index.dtype)}")
+        check(self.dtype == source.dtype, lambda: "index_copy_(): self and source expected to have the same dtype, but "
+                                                  f"got (self) {scalar_type_name(self.dtype)} and (source) "
+                                                  f"{scalar_type_name(source.dtype)}")
+        self_slice = tuple(self.shape[:dim] + self.shape[dim + 1:]) if self.dim() else ()
+        source_slice = tuple(source.shape[:dim] + source.shape[dim + 1:]) if source.dim() else ()
+        check(self_slice == source_slice, lambda: "index_copy_(): Source/destination tensor must have same slice shapes. "
+                                                  f"Destination slice shape: {self_slice} at dimension {dim} and source "
+                                                  f"slice shape: {source_slice} at dimension 0.")
+        check_index(source.dim() == 0 or index.numel() == source.shape[dim],
+                    lambda: f"index_copy_(): Number of indices ({index.numel()}) should be equal to source.size(dim) "
+                            f"({source.shape[dim]})")
+        return op(self, dim, index, source)
+    checking_source.__name__ = checking_source.__qualname__ = f"{op.__name__.replace('.', '_')}_checking_source"
+    return rule(op)(checking_source)
+
+
+def _masked_scatter(op):
+    """Corrects the meta kernels of masked_scatter, which take a uint8 mask that real kernels refuse."""
+    def with_boolean_mask(self, mask, source):
+        check(mask.dtype == torch.bool, lambda: "masked_scatter_ only supports boolean masks, but got mask with "
+                                                f"dtype {scalar_type_name(mask.dtype)}")
+        return op(self, mask, source)
+    with_boolean_mask.__name__ = with_boolean_mask.__qualname__ = f"{op.__name__.replace('.', '_')}_with_boolean_mask"
+    return rule(op)(with_boolean_mask)
+
+
+_index_copy(aten.index_copy.default)
+_index_copy(aten.index_copy_.default)
+_masked_scatter(aten.masked_scatter.default)
+_masked_scatter(aten.masked_scatter_.default)

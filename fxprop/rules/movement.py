@@ -5,7 +5,7 @@ import torch
 
 from .. import context
 from ..registry import rule
-from ..torch_compat import canonicalize_dim, check
+from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten
 
@@ -33,6 +33,7 @@ def roll(self, shifts, dims=()):
         return roll(self.contiguous().view(-1), shifts, [0]).view(self.shape)
     if len(dims) > 1:
         return roll(roll(self, shifts[:1], dims[:1]), shifts[1:], dims[1:])
+    check_index(self.dim() > 0, lambda: f"Dimension specified as {dims[0]} but tensor has no dimensions")
     dim = canonicalize_dim(self.dim(), dims[0])
     size = self.shape[dim]
     start = (size - shifts[0]) % size

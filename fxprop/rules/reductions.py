@@ -38,6 +38,26 @@ for _op, _name in [(aten.max.dim, "max"), (aten.min.dim, "min"), (aten.max.defau
 _reduction_needing_elements(aten.mode.default, "mode", default_dim=-1)
 
 
+def _reduction_over_nonempty_dims(op, name: str):
+    """Corrects the meta kernels of amax, amin and aminmax, which refuse a zero-size reduced dim
+    with RuntimeError where the real kernels raise IndexError (naming the dim as it was given)."""
+    def over_nonempty_dims(self, *args, **kwargs):
+        dim = args[0] if args else kwargs.get("dim")
+        dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+        if self.dim() > 0:
+            for given in dims:
+                wrapped = given + self.dim() if given < 0 else given
+                check_index(not (0 <= wrapped < self.dim()) or self.shape[wrapped] != 0,
+                            lambda: f"{name} Expected reduction dim {given} to have non-zero size.")
+        return op(self, *args, **kwargs)
+    over_nonempty_dims.__name__ = over_nonempty_dims.__qualname__ = f"{name.split('(')[0].rstrip(':')}_over_nonempty_dims"
+    return rule(op)(over_nonempty_dims)
+
+
+for _op, _name in [(aten.amax.default, "amax():"), (aten.amin.default, "amin():"), (aten.aminmax.default, "aminmax:")]:
+    _reduction_over_nonempty_dims(_op, _name)
+
+
 def _softmax_checking_dim(op):
     """Corrects the softmax meta kernels, which accept any ``dim``: real kernels wrap it against the rank."""
     def softmax(self, dim, half_to_float):

@@ -1,9 +1,10 @@
-"""Sorting ops whose meta kernels accept what every real kernel refuses."""
+"""Sorting and searching ops whose meta kernels accept what every real kernel refuses."""
 from __future__ import annotations
 
 import torch
 
 from ..registry import rule
+from ..torch_compat import check
 from .reductions import wrap_dim
 
 aten = torch.ops.aten
@@ -22,3 +23,16 @@ def _sort_checking_dim(op, name: str):
 
 _sort_checking_dim(aten.sort.default, "sort")
 _sort_checking_dim(aten.sort.stable, "sort.stable")
+
+
+def _bucketize(op):
+    """Corrects aten.bucketize's meta kernels, which take boundaries of any rank: real kernels take one dim."""
+    def with_1d_boundaries(self, boundaries, **kwargs):
+        check(boundaries.dim() == 1, lambda: f"boundaries tensor must be 1 dimension, but got dim({boundaries.dim()})")
+        return op(self, boundaries, **kwargs)
+    with_1d_boundaries.__name__ = with_1d_boundaries.__qualname__ = f"{op.__name__.replace('.', '_')}_with_1d_boundaries"
+    return rule(op)(with_1d_boundaries)
+
+
+_bucketize(aten.bucketize.Tensor)
+_bucketize(aten.bucketize.Scalar)

@@ -1,0 +1,86 @@
+"""Which dtypes the CPU's elementwise kernels implement.
+
+Meta kernels compute a result type for any dtype, but a CPU kernel is compiled for a list of
+dtypes only: ``abs`` of a bool tensor, ``gelu`` of an int tensor and ``bitwise_and`` of floats
+raise "not implemented for 'Bool'" (or refuse outright, as ``relu`` of bools does). torch keeps
+no table of these lists, so the host's own kernel is asked: the op runs once on one-element
+tensors of the same dtypes and ranks, with the same python arguments, and its refusal is the
+node's. An empty input stays empty (its zero-size dims kept), since some CPU kernels return
+before they dispatch on dtype there and others do not. The answer depends only on the op, those
+types and which inputs are empty, so it is kept for the process.
+
+Only elementwise (``pointwise``-tagged) ops are asked: they accept any broadcastable sizes, so
+one element stands for any input. Nodes on other devices are not asked: their kernels have
+other lists.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from . import context, symbolic
+from .errors import PropagationError
+from .torch_compat import OpOverload, pytree
+
+_ANSWER_LIMIT = 8192
+_answers: dict[tuple, tuple[type, str] | None] = {}
+_lock = threading.Lock()
+
+
+def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
+    """Raise as the CPU kernel would when it has no implementation for these dtypes."""
+    if torch.Tag.pointwise not in op.tags or "out" in kwargs:
+        return
+    device = context.node_device()
+    if device is not None and device.type != "cpu":
+        return
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    tensors = [value for value in flat if isinstance(value, torch.Tensor)]
+    if not tensors or symbolic.has_symbolic(flat):
+        return
+    try:
+        key = (op, spec, tuple(_stand_in_shape(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
+                               for v in flat))
+        hash(key)
+    except TypeError:
+        return
+    with _lock:
+        known = key in _answers
+        refusal = _answers.get(key)
+    if not known:
+        refusal = _ask_the_host(op, flat, spec)
+        with _lock:
+            if len(_answers) >= _ANSWER_LIMIT:
+                _answers.pop(next(iter(_answers)))
+            _answers[key] = refusal
+    if refusal is not None:
+        error_type, message = refusal
+        raise PropagationError(message, error_type=error_type)
+
+
+def _ask_the_host(op: OpOverload, flat: list, spec: Any) -> tuple[type, str] | None:
+    def one_element(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return torch.ones(_stand_in_shape(value), dtype=value.dtype, device="cpu")
+
+    args, kwargs = pytree.tree_unflatten([one_element(value) for value in flat], spec)
+    with context.on_host(), torch.no_grad():
+        try:
+            op(*args, **kwargs)
+        except (NotImplementedError, RuntimeError, TypeError) as error:
+            if _about_dtypes(str(error)):
+                return type(error), str(error).split("\n")[0]
+    return None
+
+
+def _stand_in_shape(tensor: torch.Tensor) -> tuple[int, ...]:
+    return tuple(min(size, 1) for size in tensor.shape)
+
+
+def _about_dtypes(message: str) -> bool:
+    """A refusal for the dtypes themselves, not for the one-element stand-ins' sizes or values."""
+    return any(phrase in message for phrase in ("not implemented for", "not supported for", "inputs not supported",
+                                                "only supports", "does not support", "is not supported"))

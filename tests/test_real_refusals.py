@@ -1,0 +1,85 @@
+"""Calls real execution refuses, or accepts, where torch's meta kernels say otherwise.
+
+Each case runs through `check_rule`, which runs the real op: fxprop must propagate where it
+succeeds, and refuse with the same exception type where it raises.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxprop
+from fxprop.testing import check_rule
+
+x34 = torch.randn(3, 4)
+CASES = {
+    # convolution parameters (ATen's check_shape_forward)
+    "conv2d negative padding": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=-1)),
+    "conv2d zero stride": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(stride=0)),
+    "conv2d zero dilation": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(dilation=0)),
+    "conv3d zero dilation": (F.conv3d, (torch.randn(1, 2, 5, 5, 5), torch.randn(3, 2, 3, 3, 3)), dict(dilation=0)),
+    "conv2d": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=1, dilation=2)),
+    # moving and reducing
+    "roll a 0-dim tensor along dim 0": (torch.roll, (torch.tensor(1.0), 1, 0), {}),
+    "roll a 0-dim tensor": (torch.roll, (torch.tensor(1.0), 1), {}),
+    "amax over an empty dim": (torch.amax, (torch.randn(0, 3), 0), {}),
+    "amax over a nonempty dim of an empty tensor": (torch.amax, (torch.randn(0, 3), 1), {}),
+    "amin over an empty dim, counted from the end": (torch.amin, (torch.randn(0, 3), [-2]), {}),
+    "aminmax over an empty dim": (torch.aminmax, (torch.randn(0, 3),), dict(dim=0)),
+    "aminmax of an empty tensor": (torch.aminmax, (torch.randn(0, 3),), {}),
+    # python meta kernels that assert where ATen raises RuntimeError
+    "t_ of a 3-d tensor": ("t_", (torch.randn(2, 3, 4),), {}),
+    "complex of float and long": (torch.complex, (torch.randn(3), torch.arange(3)), {}),
+    # index_add / index_copy (ATen's index_func_meta_impl)
+    "index_add": (torch.index_add, (x34, 1, torch.tensor([0, 1]), torch.randn(3, 2)), {}),
+    "index_add of another dtype": (torch.index_add, (x34, 0, torch.tensor([0, 1]), torch.randn(2, 4).double()), {}),
+    "index_add of another shape": (torch.index_add, (x34, 0, torch.tensor([0, 1]), torch.randn(2, 5)), {}),
+    "index_add of a 0-dim source": (torch.index_add, (x34, 0, torch.tensor([0]), torch.tensor(1.0)), {}),
+    "index_add with a 2-d index": (torch.index_add, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
+    "index_add with a float index": (torch.index_add, (x34, 0, torch.tensor([0.0, 1.0]), torch.randn(2, 4)), {}),
+    "index_copy with too many indices": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(3, 4)), {}),
+    "index_copy": (torch.index_copy, (x34, 0, torch.tensor([0, 2]), torch.randn(2, 4)), {}),
+    "index_copy with a 2-d index": (torch.index_copy, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
+    "index_copy of a 0-dim source at two places": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.tensor(1.0)),
+                                                   {}),
+    "index_copy of a 0-dim source": (torch.index_copy, (x34, 0, torch.tensor([0]), torch.tensor(1.0)), {}),
+    "index_copy of another rank": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(2, 4, 1)), {}),
+    "index_copy of another slice shape": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(2, 5)), {}),
+    "index_copy with int32 indices": (torch.index_copy, (x34, 0, torch.tensor([0, 1]).int(), torch.randn(2, 4)), {}),
+    "index_copy of another dtype": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(2, 4).double()), {}),
+    "masked_scatter with a uint8 mask": (torch.masked_scatter, (torch.randn(3), torch.tensor([1, 0, 1], dtype=torch.uint8),
+                                                                 torch.randn(3)), {}),
+    "masked_scatter": (torch.masked_scatter, (torch.randn(3), torch.tensor([True, False, True]), torch.randn(3)), {}),
+    "bucketize with 2-d boundaries": (torch.bucketize, (torch.randn(3), torch.randn(2, 2)), {}),
+    "bucketize": (torch.bucketize, (torch.randn(3), torch.arange(4.0)), {}),
+    # random sampling
+    "multinomial without replacement, too many samples": (torch.multinomial, (torch.rand(3), 5), {}),
+    "multinomial with replacement": (torch.multinomial, (torch.rand(3), 5, True), {}),
+    "multinomial of zero samples": (torch.multinomial, (torch.rand(3), 0), {}),
+    "multinomial of a 3-d input": (torch.multinomial, (torch.rand(2, 2, 3), 2), {}),
+    "multinomial of ints": (torch.multinomial, (torch.rand(3).int(), 1), {}),
+    "uniform_ from 3 to -1": ("uniform_", (torch.randn(3), 3, -1), {}),
+    "uniform_ from 3 to 3": ("uniform_", (torch.randn(3), 3, 3), {}),
+    # dtypes the CPU's elementwise kernels are not compiled for
+    "abs of bools": (torch.abs, (torch.tensor([True]),), {}),
+    "gelu of ints": (F.gelu, (torch.arange(3, dtype=torch.int32),), {}),
+    "bitwise_and of floats": (torch.bitwise_and, (torch.randn(3), torch.randn(3)), {}),
+    "relu of bools": (torch.relu, (torch.tensor([True]),), {}),
+    "abs of an empty bool tensor": (torch.abs, (torch.zeros(0, dtype=torch.bool),), {}),
+    "bitwise_and of ints": (torch.bitwise_and, (torch.arange(3), torch.arange(3)), {}),
+    # writes into a tensor whose elements share memory
+    "add_ into an expanded tensor": ("add_", (torch.zeros(3, 1).expand(3, 3), 1), {}),
+    "mul_ into an expanded tensor": ("mul_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
+    "copy_ into an expanded tensor": ("copy_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
+    "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),
+    "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
+}
+
+
+@pytest.mark.filterwarnings("ignore:masked_scatter_ received a mask with dtype torch.uint8")
+@pytest.mark.parametrize("name", CASES)
+def test_fxprop_refuses_exactly_where_real_execution_does(name):
+    target, args, kwargs = CASES[name]
+    try:
+        check_rule(target, *args, **kwargs)
+    except fxprop.PropagationError as refusal:  # check_rule re-raises only when real execution raised alike
+        assert not isinstance(refusal, fxprop.InternalError), refusal
