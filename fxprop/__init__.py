@@ -14,11 +14,12 @@ from .errors import (DataDependentError, DeviceMismatchError, FallbackLimitError
                      InternalError, NodeError, PropagationError, RuleRegistrationError, UnsupportedError)
 from .kinds import Kind, Rule
 from .lookup import lookup
+from .pipelines import backend
 from .registry import registered_rules, rule, unregister
 from .specs import TensorSpec
 from .symbolic import shape_of
 
-__all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "DataDependentError", "DeviceMismatchError", "Estimate", "FallbackLimitError",
+__all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "backend", "DataDependentError", "DeviceMismatchError", "Estimate", "FallbackLimitError",
            "FxpropError", "InputError", "InternalError", "Kind", "NodeError", "PropagationError", "Provenance", "Rule",
            "RuleCache", "RuleRegistrationError", "TensorSpec", "UnsupportedError", "estimate", "lookup", "propagate",
            "registered_rules", "repropagate", "rule", "rule_cache", "shape_of", "unregister"]

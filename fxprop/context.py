@@ -31,6 +31,8 @@ class Session:
     real_values: dict[int, torch.Tensor] = field(default_factory=dict)
     record: NodeRecord = field(default_factory=NodeRecord)
     walk_subgraph: Callable[[Any, list], Any] | None = None  # propagates a subgraph, annotating its nodes
+    open_region: Callable[..., None] | None = None  # the nodes that follow run inside a region (autocast's)
+    close_region: Callable[[], None] | None = None  # ... until the region is closed
 
 
 _local = threading.local()

@@ -34,7 +34,7 @@ from .devices import default_device_if_set, device_of, logical_default_device, m
 from .devices.transfers import tensors_in
 from .dispatch import RuleDispatch
 from .errors import InputError, InternalError, NodeError, PropagationError, UnsupportedError
-from .exported import program_inputs, user_outputs
+from .exported import program_inputs, sync_symbols, user_outputs
 from .index_values import IndexValues
 from .kinds import Kind, costlier
 from .modules import StateView
@@ -45,6 +45,7 @@ from .specs import meta_like, to_internal
 from .torch_compat import FakeTensorMode
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
+KNOWN_INPUTS = "fxprop_known_inputs"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         program = gm
         outputs = propagate(program.graph_module, *program_inputs(program, inputs), param_device=param_device,
                             fallback_limit_bytes=fallback_limit_bytes, cache=cache, progress=progress)
+        sync_symbols(program)  # range_constraints and unbacked_bindings follow the new annotations
         return user_outputs(program, outputs)
     _check_graph_module(gm, "propagate")
     options = _Options.checked(param_device, fallback_limit_bytes, cache, progress)
@@ -204,8 +206,18 @@ def _downstream_of_edits(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Nod
     return dirty
 
 
+_READS_ONLY = frozenset({"item", "tolist", "numpy", "data_ptr", "untyped_storage", "storage"})
+
+
 def _may_mutate(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether the node may change a value other nodes read (never memoized calls that only read,
+    such as ``item``, included)."""
     if node.op not in ("call_function", "call_method", "call_module"):
+        return False
+    if node.op == "call_method" and node.target in _READS_ONLY:
+        return False
+    if node.op == "call_function" and getattr(node.target, "__name__", None) in _READS_ONLY \
+            and getattr(node.target, "__objclass__", None) is torch.Tensor:
         return False
     target = gm.get_submodule(str(node.target)) if node.op == "call_module" else node.target
     return not is_pure(node.op, target, node.args, node.kwargs)
@@ -242,6 +254,8 @@ class Propagation:
         self.options = options
         self.session = Session(options.fallback_limit_bytes)
         self.session.walk_subgraph = self.walk_subgraph
+        self.session.open_region, self.session.close_region = self.open_region, self.close_region
+        self.regions: list[tuple[Hashable, Callable | None, Callable[[], None]]] = []
         self.state = StateView(options.param_device)
         self.symbols = symbols
         self.mode = RuleDispatch(self.session)
@@ -252,6 +266,7 @@ class Propagation:
         self.environment: Hashable = ()
         self.around: Callable | None = None  # set by walk_subgraph for a body's calls (autocast's casts)
         self.differentiates = options.memo is not None and may_differentiate(gm)
+        self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -264,6 +279,8 @@ class Propagation:
             with logical_default_device():
                 output = walk()
         finally:
+            while self.regions:  # a region the graph never closed (or one a failure left open)
+                self.close_region()
             torch.set_grad_enabled(grad_enabled)
             swap_session(outer)
         if self.symbols.active:
@@ -306,6 +323,18 @@ class Propagation:
         session.record.fallback_bytes += sum(self.staged[node][3].fallback_bytes for node in walk.env)
         return walk.output_value
 
+    def open_region(self, context: Hashable, around: Callable, on_close: Callable[[], None]) -> None:
+        """The nodes from here until `close_region` run inside a region a node opened (an
+        ``_enter_autocast`` node): each call computes through ``around`` (as a higher-order op's body
+        does, see `walk_subgraph`), memoized apart by ``context``; ``on_close`` undoes the rule's own state."""
+        self.regions.append((self.environment, self.around, on_close))
+        self.environment = (environment(), self.environment, context)
+        self.around = around
+
+    def close_region(self) -> None:
+        self.environment, self.around, on_close = self.regions.pop()
+        on_close()
+
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""
         cache = self.options.memo
@@ -334,6 +363,10 @@ class Propagation:
             if isinstance(provenance, Provenance):
                 kinds[provenance.kind.value] = kinds.get(provenance.kind.value, 0) + 1
                 fallback_bytes += provenance.fallback_bytes
+        if self.known_inputs is not None:
+            # The values of inputs passed for real that rules may read: kept so that a repropagate
+            # (which takes its inputs from the annotations) knows them as this call did.
+            self.gm.meta[KNOWN_INPUTS] = self.known_inputs
         summary = self.gm.meta.setdefault("fxprop", {})
         memo = self.options.memo
         summary.update({"kinds": kinds, "fallback_bytes": fallback_bytes,
@@ -398,11 +431,19 @@ class GraphWalk:
         if str(node.target).startswith("*"):
             return tuple(self.remaining), _PLAIN_INPUT
         try:
-            return next(self.remaining), _PLAIN_INPUT
+            value = next(self.remaining)
         except StopIteration:
             if node.args:
                 return self.propagation.state.value(node.args[0]), _PLAIN_INPUT
             raise PropagationError(f"no input for placeholder %{node.name}", error_type=TypeError)
+        propagation = self.propagation
+        if self.gm is propagation.gm:
+            if propagation.known_inputs is None:
+                propagation.known_inputs = {}
+            known = propagation.session.real_values.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if known is not None:
+                propagation.known_inputs[node.name] = known.detach().clone()
+        return value, _PLAIN_INPUT
 
     def get_attr(self, node: torch.fx.Node) -> tuple[Any, Provenance]:
         owner: Any = self.gm
@@ -448,6 +489,9 @@ class GraphWalk:
                 if not (self.dirty is not None and "val" in node.meta):
                     raise PropagationError(f"node %{node.name} is used before it is defined", error_type=NameError)
                 self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
+                known = self.gm.meta.get(KNOWN_INPUTS, {}).get(node.name) if node.op == "placeholder" else None
+                if known is not None and isinstance(self.env[node], torch.Tensor):
+                    self.propagation.session.real_values[id(self.env[node])] = known
             return self.env[node]
         return torch.fx.node.map_arg(argument, value_of)
 

@@ -71,7 +71,7 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any) -> tuple[type, str] | N
         try:
             op(*args, **kwargs)
         except (NotImplementedError, RuntimeError, TypeError) as error:
-            if _about_dtypes(str(error)):
+            if isinstance(error, NotImplementedError) or _about_dtypes(str(error)):
                 return type(error), str(error).split("\n")[0]
     return None
 
@@ -81,6 +81,7 @@ def _stand_in_shape(tensor: torch.Tensor) -> tuple[int, ...]:
 
 
 def _about_dtypes(message: str) -> bool:
-    """A refusal for the dtypes themselves, not for the one-element stand-ins' sizes or values."""
+    """A refusal for the dtypes themselves, not for the one-element stand-ins' sizes or values
+    (a NotImplementedError always is: a kernel missing for these types)."""
     return any(phrase in message for phrase in ("not implemented for", "not supported for", "inputs not supported",
                                                 "only supports", "does not support", "is not supported"))

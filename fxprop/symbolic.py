@@ -14,6 +14,14 @@ One exception to torch's choices: where a pointwise op's broadcast cannot be dec
 takes the non-broadcasting path and assumes ``B == C``; fxprop assumes only what broadcasting
 needs, ``B == 1 | C == 1 | B == C``, and gives the exact size ``Max(B, C)`` (`broadcast_inputs`).
 
+Programs from torch.export are the exception to "every symbol is unbacked": a TensorSpec given
+for a placeholder that export traced (``meta["val"]``, a FakeTensor of export's ShapeEnv) is
+computed in that ShapeEnv, with *backed* symbols as export makes them, so that the re-annotated
+program still saves, loads and decomposes. A name at a dim export made dynamic is that dim's
+symbol (``s0``); any other name is a new backed symbol whose example value is the traced size
+(`SymbolicSession.bind_traced`). Data-dependent symbols get the ``unbacked_bindings`` export
+writes (`SymbolicSession.adopt`).
+
 Internally the symbols are torch's (``u0``, ``u1``, ...); at the boundary (`shape_of`,
 ``gm.meta["fxprop"]``, error messages) they are renamed to the user's own symbols, and
 fresh data-dependent symbols are renumbered ``u0``, ``u1``, ... in the order they appear.
@@ -274,6 +282,12 @@ def _parse(text: str, shape: tuple) -> sympy.Expr:
     return build(tree.body)
 
 
+def _as_user_symbol(symbol: sympy.Symbol) -> sympy.Symbol:
+    if symbol.is_integer is None and symbol.is_positive is None and symbol.is_nonnegative is None:
+        return user_symbol(symbol.name)  # a plain Symbol("B"): sizes are positive integers
+    return symbol
+
+
 class SymbolicSession:
     """The symbols of one `propagate` call. Free until the first symbol is needed."""
 
@@ -286,6 +300,10 @@ class SymbolicSession:
         self.infos: dict[sympy.Symbol, SymbolInfo] = {}  # keyed by internal symbol
         self.fresh: list[sympy.Symbol] = []
         self._sizes_checked: set = set()
+        self.backed = False  # user symbols are backed symbols of an exported program's ShapeEnv
+        self._hints: dict[str, int] = {}  # a new backed symbol's example value, by user name
+        self._bound: dict[str, list] = {}  # node name -> the unbacked symbols its call created
+        self._made: set = set()  # the backed symbols `_backed_symint` made
 
     def start(self):
         if self is _INACTIVE:
@@ -294,6 +312,7 @@ class SymbolicSession:
             from torch.fx.experimental.symbolic_shapes import ShapeEnv
             self.env = ShapeEnv(allow_dynamic_output_shape_ops=True, allow_scalar_outputs=True)
             _SESSIONS[self.env] = self
+            _OWN_ENVS.add(self.env)
             self.active = True
         return self.env
 
@@ -315,6 +334,48 @@ class SymbolicSession:
                 self.to_user[symbol] = user
                 self.infos[symbol] = SymbolInfo(user, lower if lower.is_finite else -sympy.oo,
                                                 upper if upper.is_finite else sympy.oo)
+
+    def bind_traced(self, shape: tuple, traced: Any) -> None:
+        """Compute a TensorSpec given for a placeholder that torch.export traced as ``traced`` (a
+        FakeTensor of export's ShapeEnv) in that ShapeEnv, with backed symbols as export makes them.
+
+        A name at a dim export made dynamic becomes that dim's symbol (``x: (s0, 8)`` and
+        ``TensorSpec(("B", 8))``: B is s0, in ``range_constraints`` already); any other name
+        becomes a new backed symbol whose example value is the traced size (`_declare`).
+        """
+        self.adopt_env(traced.fake_mode.shape_env, traced.fake_mode)
+        self.backed = True
+        if len(shape) != traced.dim():
+            return
+        taken = {known.node.expr for _, known in self.by_name.values()}
+        for dim, was in zip(shape, traced.shape):
+            if type(dim) is int:
+                continue
+            expr = _parse(dim, shape) if isinstance(dim, str) else dim
+            hint = was.node.hint if isinstance(was, torch.SymInt) else was
+            if not isinstance(expr, sympy.Symbol):
+                if len(expr.free_symbols) == 1 and isinstance(hint, int):  # "2*T" traced as 6: T's example is 3
+                    name = next(iter(expr.free_symbols))
+                    try:
+                        solved = [v for v in sympy.solve(sympy.Eq(expr, hint), name) if v.is_Integer and v > 0]
+                    except (NotImplementedError, ValueError, TypeError):
+                        solved = []
+                    if solved:
+                        self._hints.setdefault(name.name, int(solved[0]))
+                continue
+            if expr.name in self.by_name:
+                continue
+            internal = was.node.expr if isinstance(was, torch.SymInt) else None
+            if (isinstance(internal, sympy.Symbol) and internal in self.env.backed_var_to_val
+                    and internal not in taken):
+                symbol = _as_user_symbol(expr)
+                self.by_name[symbol.name] = (symbol, was)
+                self.to_user[internal] = symbol
+                info = self.infos.get(internal)
+                self.infos[internal] = SymbolInfo(symbol, info.lower if info else 1, info.upper if info else sympy.oo)
+                taken.add(internal)
+            elif isinstance(hint, int):
+                self._hints.setdefault(expr.name, hint)
 
     @property
     def fake_mode(self):
@@ -342,14 +403,34 @@ class SymbolicSession:
         if known is not None:
             return known[1]
         lower = 0 if (symbol.is_nonnegative and not symbol.is_positive) else 1
-        if symbol.is_integer is None and symbol.is_positive is None and symbol.is_nonnegative is None:
-            symbol = user_symbol(symbol.name)  # a plain Symbol("B"): sizes are positive integers
+        symbol = _as_user_symbol(symbol)
         env = self.start()
-        symint = env.create_unbacked_symint()
-        torch_compat.constrain_size(env, symint.node.expr, lower)
+        if self.backed:
+            symint = self._backed_symint(self._hints.get(symbol.name, _DEFAULT_HINT))
+        else:
+            symint = env.create_unbacked_symint()
+            torch_compat.constrain_size(env, symint.node.expr, lower)
         self.by_name[symbol.name] = (symbol, symint)
         self.to_user[symint.node.expr] = symbol
         self.infos[symint.node.expr] = SymbolInfo(symbol, lower, sympy.oo)
+        return symint
+
+    def _backed_symint(self, hint: int) -> torch.SymInt:
+        """A new backed symbol of the adopted ShapeEnv, made the way torch.export makes an input's
+        dynamic dim (``s0``, example value ``hint``). As in export, a size of 0 or 1 is
+        specialized: the ShapeEnv ranges it from 2, ``range_constraints`` from the declared
+        lower bound (`program_range`)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+        probe = torch.empty(max(hint, 2), device="meta")
+        fake = self.fake_mode.from_tensor(probe, symbolic_context=StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.DYNAMIC], constraint_sizes=[None]))
+        symint = fake.shape[0]
+        expr = symint.node.expr
+        # Its source is a constant of fxprop's, not an input path of the program: export leaves
+        # guards on such symbols out of the program's input guards (the placeholders' values and
+        # range_constraints state what the program takes).
+        self.env.var_to_sources[expr] = [getattr(source, "base", source) for source in self.env.var_to_sources[expr]]
+        self._made.add(expr)
         return symint
 
     # data-dependent symbols
@@ -395,6 +476,11 @@ class SymbolicSession:
 
     def claim(self, node_name: str) -> None:
         """Record ``node_name`` as the defining node of the symbols created since the last claim."""
+        if self.env is not None and self.env.pending_fresh_unbacked_symbols and self.env not in _OWN_ENVS:
+            # every unbacked symbol the call created (fxprop's rules' and torch's kernels' own),
+            # bound to the node in `adopt`, as torch.export binds them
+            self._bound.setdefault(node_name, []).extend(self.env.pending_fresh_unbacked_symbols)
+            self.env.pending_fresh_unbacked_symbols.clear()
         for internal in self.fresh:
             info = self.infos[internal]
             self.infos[internal] = SymbolInfo(info.symbol, self.user(info.lower), self.user(info.upper),
@@ -466,6 +552,39 @@ class SymbolicSession:
             for leaf in tree_leaves(entry[0]):
                 if isinstance(leaf, FakeTensor):
                     leaf.fake_mode = mode
+        if self.env not in _OWN_ENVS:
+            self._bind_unbacked(staged)
+
+    def _bind_unbacked(self, staged: dict) -> None:
+        """In a caller's ShapeEnv (torch.export's, dynamo's), write each node's
+        ``meta["unbacked_bindings"]`` as export does: the unbacked symbols its call created, and
+        where in its value they are (``{u0: (CallMethodKey('size'), SequenceKey(0))}``). Its
+        re-traces (``run_decompositions``) and serializer read them."""
+        from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
+        env = self.env
+        for node, entry in staged.items():
+            created = self._bound.get(node.name)
+            bindings = None
+            if created:
+                env.pending_fresh_unbacked_symbols[:] = created
+                try:
+                    bindings = compute_unbacked_bindings(env, entry[0], peek=True)
+                finally:
+                    env.pending_fresh_unbacked_symbols.clear()
+            if bindings:
+                node.meta["unbacked_bindings"] = bindings
+            else:
+                node.meta.pop("unbacked_bindings", None)
+        self._bound.clear()
+
+    def program_range(self, symbol: sympy.Symbol) -> tuple:
+        """The ``(lower, upper)`` an ExportedProgram's ``range_constraints`` gives ``symbol``:
+        for a user symbol fxprop made backed, its declared bounds (export's own convention: its
+        ShapeEnv starts sizes at 2); for any other, its ShapeEnv's range."""
+        bounds = self.env.var_to_range[symbol]
+        if symbol in self._made and bounds.lower <= 2:  # 2: 0/1 specialization, not a bound it needed
+            return self.infos[symbol].lower, bounds.upper
+        return bounds.lower, bounds.upper
 
     def summary(self) -> dict:
         return {"symbols": self.symbols(), "assumptions": self.assumptions()}
@@ -517,6 +636,8 @@ def _plain(expr: sympy.Basic) -> sympy.Basic:
 
 _local = threading.local()
 _SESSIONS: "weakref.WeakKeyDictionary[Any, SymbolicSession]" = weakref.WeakKeyDictionary()  # ShapeEnv -> session
+_OWN_ENVS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the ShapeEnvs sessions made (not a caller's)
+_DEFAULT_HINT = 8  # a new backed symbol's example value where the traced program has none
 _INACTIVE = SymbolicSession()
 _NO_DISPATCHER = contextlib.nullcontext()
 
@@ -534,6 +655,18 @@ def scope(session: SymbolicSession):
         yield session
     finally:
         _local.session = outer
+
+
+def program_range(shape_env: Any, symbol: sympy.Symbol) -> tuple | None:
+    """``(lower, upper)`` of ``symbol`` for an ExportedProgram's ``range_constraints``, or None
+    where ``shape_env`` does not know it (`SymbolicSession.program_range`)."""
+    if symbol not in shape_env.var_to_range:
+        return None
+    session = _SESSIONS.get(shape_env)
+    if session is not None:
+        return session.program_range(symbol)
+    bounds = shape_env.var_to_range[symbol]
+    return bounds.lower, bounds.upper
 
 
 def session_of(gm: torch.fx.GraphModule) -> SymbolicSession:
@@ -569,8 +702,18 @@ def traced_example(placeholder: torch.fx.Node, value: Any) -> Any:
     """The input a placeholder stands for. A graph from torch.compile with ``dynamic=True`` is
     handed real tensors whose placeholders were traced with symbolic sizes (``example_value``,
     FakeTensors of dynamo's ShapeEnv): the traced sizes are the ones the graph is valid for,
-    so they are propagated, as long as the real tensor is one of their instances."""
+    so they are propagated, as long as the real tensor is one of their instances.
+
+    A TensorSpec with symbolic dims for a placeholder torch.export traced (``meta["val"]``, a
+    FakeTensor of export's ShapeEnv, not one of fxprop's own) is computed in that ShapeEnv, its
+    names bound to the traced symbols (`SymbolicSession.bind_traced`)."""
     from .torch_compat import FakeTensor
+    if _is_symbolic_spec(value):
+        exported = placeholder.meta.get("val")
+        if (isinstance(exported, FakeTensor) and exported.fake_mode.shape_env is not None
+                and exported.fake_mode.shape_env not in _OWN_ENVS):
+            current().bind_traced(tuple(value.shape), exported)
+        return value
     traced = placeholder.meta.get("example_value")
     if not (isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and isinstance(traced, FakeTensor)):
         return value
@@ -581,6 +724,11 @@ def traced_example(placeholder: torch.fx.Node, value: Any) -> Any:
     if hints != (*value.shape, *value.stride()):
         return value
     return traced
+
+
+def _is_symbolic_spec(value: Any) -> bool:
+    from .specs import TensorSpec
+    return isinstance(value, TensorSpec) and any(type(dim) is not int for dim in value.shape)
 
 
 def spec_to_meta(shape: tuple, stride: tuple | None, dtype: torch.dtype) -> torch.Tensor:

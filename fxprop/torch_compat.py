@@ -190,6 +190,12 @@ def import_dynamo() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def lookup_compile_backend(name: str) -> Any:
+    """The torch.compile backend registered under ``name`` ("inductor", "aot_eager", "eager", ...)."""
+    from torch._dynamo import lookup_backend
+    return lookup_backend(name)
+
+
 def opinfo_database() -> list:
     """torch's OpInfo table (``op_db``, from its internal testing package; needs expecttest)."""
     from torch.testing._internal.common_methods_invocations import op_db

@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.fx
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import fxprop
@@ -764,6 +764,42 @@ def _inplace(b):
     return b.method(name, x, b.operand(x))
 
 
+@op("inplace_on_view")
+def _inplace_on_view(b):
+    """An in-place op through a view, then the base read again: the write must reach the base
+    (its requires_grad, its version) as torch's views make it."""
+    x = b.tensor()
+    value = b.value(x)
+    views = [("unsqueeze", (0,)), ("view", (-1,)), ("t", ())] + ([("select", (0, 0)), ("narrow", (0, 0, 1))]
+                                                                  if value.dim() and value.shape[0] else [])
+    name, arguments = b.draw(st.sampled_from(views))
+    view = b.method(name, x, *arguments)
+    if view is None:
+        return None
+    write = b.draw(st.sampled_from(["add_", "mul_", "zero_", "copy_"]))
+    written = b.method(write, view) if write == "zero_" else b.method(write, view, b.operand(view))
+    if written is None:
+        return None
+    return b.method("clone", x)
+
+
+@op("size_from_real_int")
+def _size_from_real_int(b):
+    """A size read off an integer input passed for real (its value known to fxprop) or as a spec
+    (an unbacked symbol): ``.item()`` feeding a factory and a slice."""
+    counts = [n for n in b.tensors if n.op == "placeholder" and not b.value(n).dtype.is_floating_point
+              and not b.value(n).dtype.is_complex and b.value(n).dtype != torch.bool and b.value(n).numel() == 1]
+    if not counts:
+        return None
+    count = b.method("item", b.draw(st.sampled_from(counts)))
+    if count is None:
+        return None
+    if b.draw(st.booleans()):
+        return b.fn(torch.zeros, (count, 2))
+    x = b.tensor()
+    return b.fn(operator.getitem, x, (slice(None, count),)) if b.value(x).dim() else b.fn(torch.ones, (count,))
+
+
 # modules and attributes: their state must come out of propagate untouched
 
 @op("module")
@@ -1166,7 +1202,8 @@ _INSERTED = {
 
 def _described(value: Any) -> Any:
     def one(tensor):
-        return (tuple(tensor.shape), tensor.dtype, tensor.device, tensor.stride(), tensor.requires_grad)
+        return (tuple(map(str, tensor.shape)), tensor.dtype, tensor.device, tuple(map(str, tensor.stride())),
+                tensor.requires_grad)
     if isinstance(value, torch.Tensor):
         return one(value)
     if isinstance(value, (tuple, list)):
@@ -1175,8 +1212,13 @@ def _described(value: Any) -> Any:
 
 
 def _annotations(gm: torch.fx.GraphModule) -> dict:
-    return {node.name: (_described(node.meta.get("val")), node.meta["fxprop"].kind if "fxprop" in node.meta else None)
-            for node in gm.graph.nodes}
+    """Each node's annotation, sizes as text with data-dependent symbols renamed by order of first
+    appearance (a repropagate names the symbols it makes after the graph's earlier ones)."""
+    described = {node.name: (_described(node.meta.get("val")), node.meta["fxprop"].kind if "fxprop" in node.meta else None)
+                 for node in gm.graph.nodes}
+    names: dict[str, str] = {}
+    text = re.sub(r"\bu\d+\b", lambda m: names.setdefault(m.group(0), f"u#{len(names)}"), repr(described))
+    return {"annotations": text} if names else described
 
 
 @st.composite
@@ -1225,7 +1267,9 @@ def test_repropagate_after_a_random_edit_equals_a_fresh_propagate(case):
     import copy
     gm, recipes, how, edited = case
     if how is None:
+        event("no edit (the graph failed or has no call)")
         return
+    event(f"edit: {how.split()[0]}")
     note(how)
     note(gm.code)
     fresh = copy.deepcopy(gm)

@@ -499,16 +499,58 @@ def test_cond_inside_autocast_and_no_grad_regions():
     assert not y.requires_grad
 
 
-def test_an_autocast_region_spelled_as_enter_and_exit_nodes_is_refused():
+def test_an_autocast_region_spelled_as_enter_and_exit_nodes_casts_the_nodes_between():
     """torch.export spells an autocast block that holds a higher-order op as _enter_autocast and
-    _exit_autocast nodes; fxprop cannot cast the nodes between, so it says so."""
+    _exit_autocast nodes: the nodes between are cast as the block's body would be."""
     class M(torch.nn.Module):
         def forward(self, x):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                return torch.cond(x.sum() > 0, lambda x: x @ x, lambda x: (x + 1) @ x, (x,))
+                y = torch.cond(x.sum() > 0, lambda x: x @ x, lambda x: (x + 1) @ x, (x,))
+                z = x @ x
+            return y, z, x @ x
     gm = exported(M(), torch.randn(4, 4))
-    with pytest.raises(fxprop.UnsupportedError, match="_enter_autocast"):
-        fxprop.propagate(gm, torch.randn(4, 4))
+    assert any(n.target is torch.amp.autocast_mode._enter_autocast for n in gm.graph.nodes)
+    y, z, outside = check_against_real(gm, torch.randn(4, 4))
+    assert (y.dtype, z.dtype, outside.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
+
+
+def test_an_autocast_region_in_a_dynamo_graph_matches_dynamos_own_metadata():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = self.lin(x)
+            return y.float() * 2, y
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        expected = {n: n.meta["example_value"] for n in gm.graph.nodes
+                    if isinstance(n.meta.get("example_value"), torch.Tensor)}
+        fxprop.propagate(gm, *example_inputs)
+        seen.append({n.name: (n.meta["val"].dtype, n.meta["val"].shape) == (value.dtype, value.shape)
+                     for n, value in expected.items()})
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(M(), backend=backend, fullgraph=True)(torch.randn(2, 8))
+    assert out[1].dtype == torch.bfloat16
+    assert seen and all(seen[0].values()) and len(seen[0]) >= 4
+    torch._dynamo.reset()
+
+
+def test_autocast_state_is_left_as_it_was_when_a_region_is_never_closed():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_function(torch.amp.autocast_mode._enter_autocast, ("cpu", torch.bfloat16, True, None))
+    graph.output(graph.call_function(torch.matmul, (x, x)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert fxprop.propagate(gm, torch.randn(2, 2)).dtype == torch.bfloat16
+    plain = torch.fx.symbolic_trace(lambda x: x @ x)
+    assert fxprop.propagate(plain, torch.randn(2, 2)).dtype == torch.float32
 
 
 def test_a_higher_order_op_without_a_rule_is_unsupported_and_named():
@@ -578,3 +620,35 @@ def test_the_subgraph_decides_where_results_live():
     moved, kept = fxprop.propagate(gm, fxprop.TensorSpec((3,)), fxprop.TensorSpec((3,), device="cuda:0"))
     assert moved.device == torch.device("cuda:0") and kept.device == torch.device("cpu")
     assert provenance(gm, "", "wrap_with_set_grad_enabled").kind == "python"
+
+
+class _ScaledTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        return x * torch.tanh(x) * k, x > 0
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        (x,) = ctx.saved_tensors
+        return grad * x, None
+
+
+class _CallsAFunction(torch.nn.Module):
+    def forward(self, x):
+        y, positive = _ScaledTanh.apply(x, 2.0)
+        return y + 1, positive
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_users_autograd_function_in_a_dynamo_graph(requires_grad):
+    """With an input that requires grad, dynamo keeps the Function as autograd_function_apply."""
+    x = torch.randn(2, 3, requires_grad=requires_grad)
+    gm, _ = torch._dynamo.export(_CallsAFunction())(x)
+    assert any(n.target is hop.autograd_function_apply for n in gm.graph.nodes) == requires_grad
+    fxprop.testing.assert_matches_real(gm, x)  # torch runs the forward body through an Interpreter: root nodes only
+    y, positive = gm.graph.output_node().meta["val"]
+    assert y.requires_grad == requires_grad and not positive.requires_grad
+    for name, sub in gm.named_modules():
+        if name.startswith("fwd_body"):
+            assert all("val" in n.meta for n in sub.graph.nodes if n.op != "output")

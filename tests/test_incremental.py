@@ -81,3 +81,24 @@ def test_progress_reports_every_node_then_the_total():
     fxprop.propagate(gm, *inputs, progress=lambda done, total: seen.append((done, total)))
     total = len(gm.graph.nodes)
     assert seen[0] == (0, total) and seen[-1] == (total, total) and len(seen) == total + 1
+
+
+def test_repropagate_keeps_the_values_of_inputs_passed_for_real():
+    """x1[:x0.item()] with x0 a real tensor: its value sizes the slice, after an edit downstream of
+    item (which only reads, so not every node runs again) and after one that makes item run again."""
+    import operator
+    graph = torch.fx.Graph()
+    x0, x1 = graph.placeholder("x0"), graph.placeholder("x1")
+    count = graph.call_method("item", (x0,))
+    sliced = graph.call_function(operator.getitem, (x1, (slice(None, count, None),)))
+    graph.output(sliced)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    fxprop.propagate(gm, torch.tensor(3), torch.arange(5))
+    with graph.inserting_after(sliced):
+        copied = graph.call_method("clone", (sliced,))
+    sliced.replace_all_uses_with(copied, delete_user_cb=lambda user: user is not copied)
+    assert {n.name for n in fxprop.repropagate(gm)} == {"clone", "output"}
+    assert gm.graph.output_node().meta["val"].shape == (3,)
+    count.args = (x0,)  # re-run item itself, on the annotation of x0
+    assert "item" in {n.name for n in fxprop.repropagate(gm, [count])}
+    assert gm.graph.output_node().meta["val"].shape == (3,)

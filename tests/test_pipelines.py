@@ -125,6 +125,26 @@ def test_an_exported_program_propagates_in_its_own_symbols_and_still_saves_and_d
     assert "aten.add.Tensor" in program.run_decompositions().graph_module.code
 
 
+def test_named_dims_of_an_exported_program_are_its_backed_symbols_and_it_still_saves_and_decomposes():
+    import copy
+    eager = Program()
+    program = torch.export.export(copy.deepcopy(eager), (torch.randn(3, 8),),
+                                  dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    (batch,) = program.range_constraints
+    out = fxprop.propagate(program, fxprop.TensorSpec(("B", 8)))
+    assert fxprop.shape_of(next(n for n in program.graph_module.graph.nodes if n.op == "output"))[-1] == \
+        (fxprop.symbolic.user_symbol("B"), 4)
+    assert out.shape[0].node.expr == batch  # backed, in range_constraints: not a fresh unbacked symbol
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        expected = copy.deepcopy(eager)(x)
+    saved = io.BytesIO()
+    torch.export.save(program, saved)
+    saved.seek(0)
+    torch.testing.assert_close(torch.export.load(saved).module()(x), expected)
+    torch.testing.assert_close(program.run_decompositions().module()(x), expected)
+
+
 def test_an_exported_program_takes_its_user_inputs():
     program = _program()
     out = fxprop.propagate(program, torch.randn(6, 8))
@@ -143,3 +163,39 @@ def test_capability_partitioner_reads_the_type_fxprop_writes():
     support = OpSupports.decline_if_input_dtype(torch.int64)
     partitions = CapabilityBasedPartitioner(gm, support).propose_partitions()
     assert partitions
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_the_backend_helper_annotates_then_compiles(dynamic):
+    seen = {}
+
+    def inner(gm, example_inputs):
+        seen["differences"] = _agreement(gm)  # dynamo's example_value, against fxprop's val
+        seen["annotated"] = all("fxprop" in node.meta for node in gm.graph.nodes)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    model, x = Block().eval(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend=fxprop.backend(inner), dynamic=dynamic)
+    out, doubled = compiled(x, 3)
+    expected, _ = model(x, 3)
+    assert torch.allclose(out, expected) and doubled == 8
+    assert seen["annotated"] and seen["differences"] == []
+    torch._dynamo.reset()
+
+
+def test_the_backend_helper_can_write_dynamos_key():
+    captured = {}
+
+    def inner(gm, example_inputs):
+        captured["same"] = all(node.meta["example_value"] is node.meta["val"] for node in gm.graph.nodes
+                               if "val" in node.meta)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(4, 2), backend=fxprop.backend(inner, example_value=True))
+    compiled(torch.randn(3, 4))
+    assert captured["same"]
+    with pytest.raises(fxprop.InputError, match="inner"):
+        fxprop.backend(42)
+    torch._dynamo.reset()

@@ -26,6 +26,9 @@ CASES = {
     "amin over an empty dim, counted from the end": (torch.amin, (torch.randn(0, 3), [-2]), {}),
     "aminmax over an empty dim": (torch.aminmax, (torch.randn(0, 3),), dict(dim=0)),
     "aminmax of an empty tensor": (torch.aminmax, (torch.randn(0, 3),), {}),
+    "argmax of an empty tensor": (torch.argmax, (torch.randn(0, 3),), {}),
+    "argmin over an empty dim": (torch.argmin, (torch.randn(0, 3), 0), {}),
+    "argmax over a nonempty dim of an empty tensor": (torch.argmax, (torch.randn(0, 3), 1), {}),
     # python meta kernels that assert where ATen raises RuntimeError
     "t_ of a 3-d tensor": ("t_", (torch.randn(2, 3, 4),), {}),
     "complex of float and long": (torch.complex, (torch.randn(3), torch.arange(3)), {}),
@@ -64,6 +67,7 @@ CASES = {
     "gelu of ints": (F.gelu, (torch.arange(3, dtype=torch.int32),), {}),
     "bitwise_and of floats": (torch.bitwise_and, (torch.randn(3), torch.randn(3)), {}),
     "relu of bools": (torch.relu, (torch.tensor([True]),), {}),
+    "sign of complex numbers": (torch.sign, (torch.randn(3, dtype=torch.complex64),), {}),
     "abs of an empty bool tensor": (torch.abs, (torch.zeros(0, dtype=torch.bool),), {}),
     "bitwise_and of ints": (torch.bitwise_and, (torch.arange(3), torch.arange(3)), {}),
     # writes into a tensor whose elements share memory

@@ -469,3 +469,18 @@ def test_gpt_for_cuda_with_symbolic_sizes_on_a_cpu_only_host():
     assert tensors and all(t.device == torch.device("cuda:0") for t in tensors)
     assert any(node.meta["fxprop"].rule.endswith("scaled_dot_product_attention") for node in gm.graph.nodes)
     assert gm.meta["fxprop"]["assumptions"], "the position table's bound on T"
+
+
+def test_a_view_in_a_symbolic_propagation_is_strided_as_atens_kernel_strides_it():
+    """YOLOS's position-embedding resize: torch's python view gives the size-1 batch dim another
+    stride than ATen's kernel, which made the bicubic upsample channels-last."""
+    def resize(table, image):
+        grid = table[:, 1:17].transpose(1, 2).view(1, 32, 4, 4)
+        return torch.nn.functional.interpolate(grid, size=(image.shape[2] // 8, image.shape[3] // 8),
+                                               mode="bicubic", align_corners=False)
+    table = torch.randn(1, 21, 32)
+    gm = torch.fx.symbolic_trace(resize)
+    out = fxprop.propagate(gm, table, fxprop.TensorSpec(("B", 3, "H", "W")))
+    view = next(n for n in gm.graph.nodes if n.target == "view")
+    assert view.meta["val"].stride() == table[:, 1:17].transpose(1, 2).view(1, 32, 4, 4).stride()
+    assert out.stride()[-1] == 1  # contiguous, as real execution lays it out

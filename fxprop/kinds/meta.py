@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import layout
+from ..view_strides import as_aten_views
 from ..blame import boundary
 from ..in_place import check_writes_into_self
 from ..torch_compat import OpOverload
@@ -11,7 +12,7 @@ from ..torch_compat import OpOverload
 
 @boundary
 def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """``op`` on meta tensors: an in-place op is refused where its result would not fit ``self``, and
-    an elementwise result is restrided as TensorIterator would."""
+    """``op`` on meta tensors: an in-place op is refused where its result would not fit ``self``, an
+    elementwise result is restrided as TensorIterator would, and a view as ATen's kernel would."""
     check_writes_into_self(op, args, kwargs)
-    return layout.relayout(op, args, kwargs, op(*args, **kwargs))
+    return as_aten_views(op, args, layout.relayout(op, args, kwargs, op(*args, **kwargs)))

@@ -190,6 +190,25 @@ def hints_wrapper(body_fn, args, kwargs, hints):
     return _walk(body_fn, args)
 
 
+@rule(higher_order.autograd_function_apply)
+def autograd_function_apply(fwd, bwd, *fwd_args, **fwd_kwargs):
+    """``Function.apply(*fwd_args)`` for a user's torch.autograd.Function, as dynamo keeps it when an
+    input requires grad: ``fwd`` runs without grad and returns (outputs, values saved for backward);
+    the outputs then require grad as the Function's would. ``bwd`` runs only in backward, so its
+    nodes stay unannotated."""
+    with torch.no_grad():
+        returned = _walk(fwd, fwd_args)
+    check(isinstance(returned, (tuple, list)) and len(returned) == 2,
+          lambda: f"autograd_function_apply: the forward graph must return (outputs, saved values), got {_describe(returned)}")
+    output = returned[0]
+    outputs = list(output) if isinstance(output, (tuple, list)) else [output]
+    dirty = set(fwd_kwargs.get("dirty_idx", ()))
+    outputs = [value if i in dirty or not any(value is arg for arg in fwd_args) else _fresh_like(value)
+               for i, value in enumerate(outputs)]
+    results = _through_autograd_function(outputs, fwd_args, tuple(fwd_kwargs.get("non_differentiable_idx", ())))
+    return type(output)(results) if isinstance(output, (tuple, list)) else results[0]
+
+
 @rule(higher_order.flat_apply)
 def flat_apply(func, in_spec, *flat_args, checked_output=True):
     """``func(*args, **kwargs)``, with ``args`` and ``kwargs`` rebuilt from ``flat_args`` by ``in_spec``: how
@@ -227,26 +246,44 @@ def _inside(region: _Autocast):
         _autocast.regions = outer
 
 
+def _region(device_type, dtype, enabled) -> _Autocast:
+    dtype = dtype if dtype is not None else torch.get_autocast_dtype(device_type)
+    enabled = bool(enabled) and dtype in _AUTOCAST_DTYPES.get(device_type, (dtype,))  # else torch disables it
+    return _Autocast(str(device_type), dtype, enabled)
+
+
 @rule(higher_order.wrap_with_autocast)
 def wrap_with_autocast(device_type, dtype, enabled, cache_enabled, wrapped_func, *args):
     """``with torch.autocast(device_type, dtype, enabled, cache_enabled): wrapped_func(*args)``.
 
     Autocast acts in torch's dispatcher only on tensors of its device type, never on meta tensors,
     so each call in the region is cast here as autocast would cast it (`_autocast_call`)."""
-    dtype = dtype if dtype is not None else torch.get_autocast_dtype(device_type)
-    enabled = bool(enabled) and dtype in _AUTOCAST_DTYPES.get(device_type, (dtype,))  # else torch disables it
-    region = _Autocast(str(device_type), dtype, enabled)
-    with _inside(region):
+    with _inside(_region(device_type, dtype, enabled)):
         return _walk(wrapped_func, args, ("autocast", _autocast_regions()), _autocast_call)
 
 
-@rule(*autocast_region_calls())
-def autocast_region_boundary(*args, **kwargs):
-    """torch.export spells an autocast block holding a higher-order op as ``_enter_autocast(...)`` and
-    ``_exit_autocast(mode)`` nodes around its ops, rather than as a `wrap_with_autocast` body; the
-    ops between would have to be cast, which fxprop cannot do for a stretch of a graph."""
-    raise UnsupportedError("an autocast region spelled as _enter_autocast/_exit_autocast nodes: fxprop casts "
-                           "only the bodies of wrap_with_autocast, not the nodes between these calls")
+_enter_autocast, _exit_autocast = autocast_region_calls()
+
+
+@rule(_enter_autocast)
+def enter_autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+    """The opening of an autocast block as torch.export and dynamo spell it when they do not make it
+    a `wrap_with_autocast` body: the nodes up to the matching ``_exit_autocast`` are cast as that
+    body's would be. The value is the autocast object the exit node is given."""
+    outer = _autocast_regions()
+    _autocast.regions = (*outer, _region(device_type, dtype, enabled))
+
+    def restore() -> None:
+        _autocast.regions = outer
+    context.current_session().open_region(("autocast", _autocast_regions()), _autocast_call, restore)
+    return torch.autocast(str(device_type), dtype=dtype, enabled=bool(enabled), cache_enabled=cache_enabled)
+
+
+@rule(_exit_autocast)
+def exit_autocast(mode):
+    """The end of the innermost autocast block opened by `enter_autocast`."""
+    check(bool(_autocast_regions()), lambda: "_exit_autocast: no autocast region is open")
+    context.current_session().close_region()
 
 
 def _autocast_call(target: Any, args: tuple, kwargs: dict, compute: Callable) -> Any:

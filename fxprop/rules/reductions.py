@@ -38,11 +38,14 @@ for _op, _name in [(aten.max.dim, "max"), (aten.min.dim, "min"), (aten.max.defau
 _reduction_needing_elements(aten.mode.default, "mode", default_dim=-1)
 
 
-def _reduction_over_nonempty_dims(op, name: str):
-    """Corrects the meta kernels of amax, amin and aminmax, which refuse a zero-size reduced dim
-    with RuntimeError where the real kernels raise IndexError (naming the dim as it was given)."""
+def _reduction_over_nonempty_dims(op, name: str, needs_dim: bool = False):
+    """Corrects the meta kernels of amax, amin, aminmax, argmax and argmin, which refuse a
+    zero-size reduced dim with RuntimeError where the real kernels raise IndexError (naming the
+    dim as it was given; argmax and argmin also when an empty input is reduced whole)."""
     def over_nonempty_dims(self, *args, **kwargs):
         dim = args[0] if args else kwargs.get("dim")
+        check_index(not needs_dim or dim is not None or self.numel() != 0,
+                    lambda: f"{name} Expected reduction dim to be specified for input.numel() == 0.")
         dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
         if self.dim() > 0:
             for given in dims:
@@ -56,6 +59,8 @@ def _reduction_over_nonempty_dims(op, name: str):
 
 for _op, _name in [(aten.amax.default, "amax():"), (aten.amin.default, "amin():"), (aten.aminmax.default, "aminmax:")]:
     _reduction_over_nonempty_dims(_op, _name)
+for _op, _name in [(aten.argmax.default, "argmax():"), (aten.argmin.default, "argmin():")]:
+    _reduction_over_nonempty_dims(_op, _name, needs_dim=True)
 
 
 def _softmax_checking_dim(op):

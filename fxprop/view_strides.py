@@ -1,0 +1,63 @@
+"""The strides of ``view``, as ATen's ``computeStride`` (aten/src/ATen/TensorUtils.cpp) gives them.
+
+A view's size-1 dims may carry any stride, and the python decomposition torch uses for symbolic
+sizes (``torch._refs._reshape_view_helper``) gives them other strides than ATen's C++ kernel,
+which propagations without symbols take. They stay harmless until a layout choice reads them:
+``suggest_memory_format`` then calls a (1, C, H, W) view channels-last, and upsampling lays its
+result out so. `view_strides` is ATen's algorithm, on sizes and strides only, for symbolic sizes.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import symbolic
+from .torch_compat import DATA_DEPENDENT_ERRORS
+
+aten = torch.ops.aten
+VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+
+
+def view_strides(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:
+    """The strides of ``view(new_shape)`` of a tensor with these sizes and strides; None when ATen
+    could not view it (the caller then keeps what it has)."""
+    if not old_shape:
+        return [1] * len(new_shape)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = old_stride[-1]
+    tensor_numel, view_numel = 1, 1
+    for tensor_d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[tensor_d]
+        if tensor_d == 0 or (old_shape[tensor_d - 1] != 1
+                             and old_stride[tensor_d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = old_stride[tensor_d - 1]
+                tensor_numel, view_numel = 1, 1
+    return new_stride if view_d == -1 else None
+
+
+def as_aten_views(op, args: tuple, result):
+    """``result`` of a view op restrided as ATen's kernel strides it, in a propagation with symbolic
+    sizes (where torch views through its python decomposition, even of tensors with concrete sizes)."""
+    if op not in VIEWS or not isinstance(result, torch.Tensor) or not isinstance(args[0], torch.Tensor):
+        return result
+    source = args[0]
+    if not symbolic.current().active:
+        return result
+    try:
+        if source.numel() == 0:  # computeStride's empty-tensor path
+            return result
+        strides = view_strides(source.shape, source.stride(), result.shape)
+        if strides is None or all(a == b for a, b in zip(strides, result.stride())):
+            return result
+    except DATA_DEPENDENT_ERRORS:
+        return result
+    return result.as_strided(result.shape, strides, result.storage_offset())

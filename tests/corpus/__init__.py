@@ -1,0 +1,1 @@
+"""Real transformers models from tiny configs, for comparing fxprop with real execution."""
