@@ -51,13 +51,16 @@ def blame(error: BaseException) -> NodeError:
         return _caused(InternalError(f"{text}, raised in {_where(frame)}"), error)
     if any(phrase in str(error).lower() for phrase in _NO_DATA_PHRASES):
         return _caused(UnsupportedError(text), error)
+    if type(error) is AssertionError and "not supported in refs" in str(error):
+        return _caused(UnsupportedError(f"{text} (torch's python reference kernel cannot take this argument)"), error)
     return _caused(PropagationError(text, error_type=_real_error_type(error)), error)
 
 
 def _real_error_type(error: BaseException) -> type:
-    """The type real execution raises for this refusal: a python meta kernel's failed ``assert``
-    stands for a C++ ``TORCH_CHECK``, which raises RuntimeError."""
-    if type(error) is AssertionError and _raised_in_python_kernel(error):
+    """The type real execution raises for this refusal: a python meta kernel's failed ``assert``,
+    or the ValueError of a python reference's argument check (``alpha``'s type), stands for a C++
+    ``TORCH_CHECK``, which raises RuntimeError."""
+    if type(error) in (AssertionError, ValueError) and _raised_in_python_kernel(error):
         return RuntimeError
     return type(error)
 

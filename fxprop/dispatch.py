@@ -90,8 +90,13 @@ class RuleDispatch(TorchDispatchMode):
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind
+        if kwargs.get("generator") is not None:
+            # A generator decides values only. torch's python kernels refuse one, and the fallback
+            # must not draw from the user's (it takes its own).
+            kwargs = {**kwargs, "generator": None}
         if self.depth == 0:  # the node's own op; a decomposition's parts may use other dtypes
             check_cpu_kernel_dtypes(func, args, kwargs)
+            refuse_without_kernel_for(func, context.node_device())
         if kind is Kind.META:
             return run_meta(func, args, kwargs)
         if kind is Kind.FALLBACK:

@@ -13,6 +13,7 @@ TensorIterator also refuses to write into a tensor some of whose elements share 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import torch
 
@@ -30,8 +31,9 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
     name = schema_of(op).name.split("::", 1)[1]
     packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
     overload = getattr(packet, overload_name(op), None) if packet is not None else None
-    if overload is None or [a.name for a in schema_of(overload).arguments] != [a.name for a in schema_of(op).arguments]:
-        return None
+    if overload is None or [(a.name, str(a.type)) for a in schema_of(overload).arguments] != \
+            [(a.name, str(a.type)) for a in schema_of(op).arguments]:
+        return None  # pow_.Scalar(Tensor self, Scalar exponent) is no pow.Scalar(Scalar self, Tensor exponent)
     if overload.is_view or name == "t_" or any(part in name for part in _RESHAPING_SELF):
         return None  # unsqueeze_, transpose_, resize_ are meant to change self's shape
     return overload
@@ -54,14 +56,47 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
               lambda: f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output type {scalar_type_name(self.dtype)}")
 
 
+def is_elementwise(op: OpOverload) -> bool:
+    """Tagged pointwise, or the in-place form of an op that is (``abs_``, ``ge_``: torch tags only some)."""
+    if torch.Tag.pointwise in op.tags:
+        return True
+    twin = functional_twin(op)
+    return twin is not None and torch.Tag.pointwise in twin.tags
+
+
 def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    if torch.Tag.pointwise not in op.tags and op is not aten.copy_.default:
+    if not is_elementwise(op) and op is not aten.copy_.default:
         return
-    written = [kwargs.get("out")] if "out" in kwargs else [args[0]] if torch.Tag.inplace in op.tags and args else []
-    for tensor in written:
+    if op is aten.copy_.default and len(args) > 1 and _same_view(args[0], args[1]):
+        return  # copy_ returns before it looks: nothing to write
+    if op is aten.conj_physical_.default and args and not args[0].is_complex():
+        return  # the conjugate of a real tensor is the tensor: nothing is written
+    for tensor in _written(op, args, kwargs):
         check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
               lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
                       "memory location. Please clone() the tensor before performing the operation.")
+
+
+def _written(op: OpOverload, args: tuple, kwargs: dict) -> list:
+    """The tensors the op writes into, by its schema: ``self`` of an in-place op, ``out`` and the
+    other out arguments (frexp's ``mantissa`` and ``exponent``)."""
+    written = []
+    for position, argument in enumerate(schema_of(op).arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = kwargs.get(argument.name) if argument.kwarg_only or position >= len(args) else args[position]
+        if isinstance(value, torch.Tensor):
+            written.append(value)
+    return written
+
+
+def _same_view(a: Any, b: Any) -> bool:
+    from .torch_compat import view_base
+    if a is b:
+        return True
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and view_base(a) is not None
+            and view_base(a) is view_base(b) and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset())
 
 
 def scalar_type_name(dtype: torch.dtype) -> str:

@@ -3,15 +3,16 @@
 Meta kernels compute a result type for any dtype, but a CPU kernel is compiled for a list of
 dtypes only: ``abs`` of a bool tensor, ``gelu`` of an int tensor and ``bitwise_and`` of floats
 raise "not implemented for 'Bool'" (or refuse outright, as ``relu`` of bools does). torch keeps
-no table of these lists, so the host's own kernel is asked: the op runs once on one-element
-tensors of the same dtypes and ranks, with the same python arguments, and its refusal is the
-node's. An empty input stays empty (its zero-size dims kept), since some CPU kernels return
-before they dispatch on dtype there and others do not. The answer depends only on the op, those
-types and which inputs are empty, so it is kept for the process.
+no table of these lists, so the host's own kernel is asked: the op runs once on small stand-ins
+of the same dtypes and ranks, each dim of size 0, 1 or 2 as the input's is 0, 1 or larger (a
+dim of 0 kept, since some CPU kernels return before they dispatch on dtype there; 2 rather
+than 1, since one-element operands take the kernels' scalar paths, whose lists differ), with
+the same python arguments, and its refusal is the node's. The answer depends only on the op
+and those types and sizes, so it is kept for the process.
 
-Only elementwise (``pointwise``-tagged) ops are asked: they accept any broadcastable sizes, so
-one element stands for any input. Nodes on other devices are not asked: their kernels have
-other lists.
+Only elementwise ops are asked (tagged ``pointwise``, or the in-place form of one): they accept
+any broadcastable sizes, so the stand-ins stand for any input. Nodes on other devices are not
+asked: their kernels have other lists.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 
 from . import context, symbolic
 from .errors import PropagationError
+from .in_place import is_elementwise
 from .torch_compat import OpOverload, pytree
 
 _ANSWER_LIMIT = 8192
@@ -31,7 +33,7 @@ _lock = threading.Lock()
 
 def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Raise as the CPU kernel would when it has no implementation for these dtypes."""
-    if torch.Tag.pointwise not in op.tags or "out" in kwargs:
+    if "out" in kwargs or not is_elementwise(op):
         return
     device = context.node_device()
     if device is not None and device.type != "cpu":
@@ -66,8 +68,11 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any) -> tuple[type, str] | N
             return value
         return torch.ones(_stand_in_shape(value), dtype=value.dtype, device="cpu")
 
-    args, kwargs = pytree.tree_unflatten([one_element(value) for value in flat], spec)
     with context.on_host(), torch.no_grad():
+        try:
+            args, kwargs = pytree.tree_unflatten([one_element(value) for value in flat], spec)
+        except (NotImplementedError, RuntimeError):
+            return None  # a dtype the host cannot even fill (float4, bits): nothing to ask
         try:
             op(*args, **kwargs)
         except (NotImplementedError, RuntimeError, TypeError) as error:
@@ -77,11 +82,14 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any) -> tuple[type, str] | N
 
 
 def _stand_in_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(min(size, 1) for size in tensor.shape)
+    """Up to two elements per dim: a tensor of one element would take the kernels' scalar paths,
+    whose dtype lists are other (float8's mul), where the input is not one element."""
+    return tuple(min(size, 2) for size in tensor.shape)
 
 
 def _about_dtypes(message: str) -> bool:
-    """A refusal for the dtypes themselves, not for the one-element stand-ins' sizes or values
+    """A refusal for the dtypes themselves, not for the stand-ins' sizes or values
     (a NotImplementedError always is: a kernel missing for these types)."""
-    return any(phrase in message for phrase in ("not implemented for", "not supported for", "inputs not supported",
+    return any(phrase in message for phrase in ("not implemented for", "not yet implemented for", "not supported for",
+                                                "inputs not supported",
                                                 "only supports", "does not support", "is not supported"))

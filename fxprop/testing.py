@@ -81,6 +81,30 @@ def real_value(value: Any, *, generator: torch.Generator | None = None) -> Any:
     return value
 
 
+def meta_devices_not_asked_for(gm: torch.fx.GraphModule, staged: dict | None = None,
+                               default_device: torch.device | None = None) -> list[str]:
+    """The nodes whose annotated value lies on ``meta`` although nothing the user gave is there: no
+    meta input, no meta parameter or buffer, no ``"meta"`` device argument, no meta default device.
+    (fxprop computes on meta tensors; a logical device of ``meta`` anywhere else is a leak.)
+    ``staged`` maps nodes to the values about to be written; by default each node's
+    ``meta["val"]`` is read."""
+    values = ({node: entry[0] for node, entry in staged.items()} if staged is not None
+              else {node: node.meta.get("val") for node in gm.graph.nodes})
+
+    def on_meta(value: Any) -> bool:
+        return any(isinstance(leaf, torch.Tensor) and leaf.device.type == "meta" for leaf in pytree.tree_leaves(value))
+
+    def says_meta(node: torch.fx.Node) -> bool:
+        return any(leaf == "meta" or (isinstance(leaf, torch.device) and leaf.type == "meta")
+                   for leaf in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(leaf, (str, torch.device)))
+
+    asked = ((default_device is not None and torch.device(default_device).type == "meta")
+             or any(on_meta(value) for node, value in values.items() if node.op in ("placeholder", "get_attr"))
+             or any(says_meta(node) for node in values)
+             or any(t.device.type == "meta" for t in (*gm.parameters(), *gm.buffers())))
+    return [] if asked else [node.name for node, value in values.items() if on_meta(value)]
+
+
 def _device_available(device: torch.device) -> bool:
     module = getattr(torch, device.type, None)
     return bool(module and hasattr(module, "is_available") and module.is_available())

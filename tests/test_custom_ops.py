@@ -93,3 +93,21 @@ def test_a_library_op_with_only_a_cpu_kernel_is_refused_on_cuda_as_real_executio
         fxprop.propagate(gm, fxprop.TensorSpec((3,), device="cuda:0"))
     assert caught.value.error_type is NotImplementedError
     assert not isinstance(caught.value, fxprop.InternalError)
+
+
+def test_a_fake_kernel_answers_only_where_a_real_kernel_exists():
+    """A fake says what an op would return, not that it can run: real execution refuses on a
+    device the op has no kernel for (here, a CPU kernel and a fake, on cuda:0)."""
+    @torch.library.custom_op("fxprop_fake_and_cpu::double", mutates_args=(), device_types="cpu")
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @double.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_fake_and_cpu.double(x))
+    assert_matches_real(gm, torch.randn(3))
+    with pytest.raises(fxprop.PropagationError, match="no kernel for cuda") as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec((3,), device="cuda:0"))
+    assert caught.value.error_type is NotImplementedError

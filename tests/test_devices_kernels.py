@@ -230,3 +230,26 @@ def test_sdpa_on_the_cpu_with_a_mask_that_requires_grad_takes_the_math_path(trac
     model, q = LearnedBiasAttention(), torch.randn(1, 2, 5, 8)
     gm = torch.fx.symbolic_trace(model) if trace == "symbolic_trace" else torch.export.export(model, (q, q, q)).module()
     assert_matches_real(gm, q, q, q)
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("inputs_require_grad", [True, False], ids=["qkv_grad", "qkv_plain"])
+@pytest.mark.parametrize("mask", [None, "plain", "requires_grad", "bool"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_on_the_cpu_takes_the_real_backend_and_layout(grad_mode, inputs_require_grad, mask, dtype):
+    from fxprop.rules.attention import choose_backend
+    from fxprop.testing import assert_matches_real
+    q = torch.randn(2, 2, 6, 8, dtype=dtype).transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous
+    q.requires_grad_(inputs_require_grad)
+    masks = {None: None, "plain": torch.randn(1, 2, 6, 6, dtype=dtype),
+             "requires_grad": torch.randn(1, 2, 6, 6, dtype=dtype, requires_grad=True),
+             "bool": torch.rand(6, 6) > 0.5}
+    attn_mask = masks[mask]
+    with torch.set_grad_enabled(grad_mode):
+        real_choice = torch._fused_sdp_choice(q, q, q, attn_mask=attn_mask)
+        assert int(choose_backend(torch.device("cpu"), q, q, q, attn_mask, 0.0, False, None, False)) == real_choice
+        graph = torch.fx.Graph()
+        nodes = [graph.placeholder(name) for name in ("q", "m")]
+        graph.output(graph.call_function(F.scaled_dot_product_attention, (nodes[0], nodes[0], nodes[0]),
+                                         {"attn_mask": nodes[1]}))
+        assert_matches_real(torch.fx.GraphModule(torch.nn.Module(), graph), q, attn_mask)

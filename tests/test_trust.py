@@ -237,3 +237,29 @@ def test_a_graph_that_differentiates_gets_results_with_autograd_history_from_a_w
         fxprop.propagate(gm, torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True))
         val = gm.graph.output_node().meta["val"]
         assert (val.shape, val.stride(), val.dtype) == (expected.shape, expected.stride(), expected.dtype)
+
+
+class _GradOf(torch.nn.Module):
+    def forward(self, pair):
+        x, y = pair
+        (g,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+        return g
+
+
+def test_a_torch_container_holding_a_module_that_differentiates_gets_no_memoized_results():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wrap = torch.nn.Sequential(_GradOf())
+
+        def forward(self, x):
+            return self.wrap((x, x * 2))
+
+    class KeepsWrap(torch.fx.Tracer):
+        def is_leaf_module(self, module, name):
+            return name == "wrap" or super().is_leaf_module(module, name)
+
+    model = Model()
+    gm = torch.fx.GraphModule(model, KeepsWrap().trace(model))
+    for _ in range(2):  # the second call would find x * 2 in the cache
+        assert fxprop.propagate(gm, fxprop.TensorSpec((3,), requires_grad=True)).shape == (3,)

@@ -250,6 +250,10 @@ def _may_reach_formulas(op: OpOverload) -> bool:
     return has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
 
 
+_RUN_ONCE = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "wrap", "tag_activation_checkpoint",
+                       "wrap_activation_checkpoint", "invoke_subgraph", "autograd_function_apply", "hints_wrapper"})
+
+
 class FlopCounter:
     """Counts the FLOPs of the nodes of one annotated graph (`count`), memoizing re-dispatches."""
 
@@ -263,6 +267,8 @@ class FlopCounter:
         """The FLOPs of ``node`` (an int, or a SymInt for symbolic sizes); 0 for nodes that do no math."""
         if node.op not in ("call_function", "call_method", "call_module"):
             return 0
+        if isinstance(node.target, HigherOrderOperator):
+            return self.higher_order(node)
         args = torch.fx.node.map_arg(node.args, _annotation)
         kwargs = torch.fx.node.map_arg(node.kwargs, _annotation)
         direct = self.direct(node, args, kwargs)
@@ -287,6 +293,28 @@ class FlopCounter:
         if key is not None:
             self.memo[key] = flops
         return flops
+
+    def higher_order(self, node: torch.fx.Node) -> Any:
+        """A higher-order op runs its bodies, whose nodes fxprop annotated: the FLOPs of a body run
+        once (grad-mode and autocast regions, wrap, checkpoint, an autograd Function's forward), and
+        of cond's branch where both branches count alike. Others are unknown and named."""
+        attributes = [self._attribute(str(arg.target)) for arg in node.args
+                      if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
+        bodies = [attribute for attribute in attributes if isinstance(attribute, torch.fx.GraphModule)]
+        name = getattr(node.target, "__name__", str(node.target))
+        counts = [sum((FlopCounter(body).count(inner) for inner in body.graph.nodes), 0) for body in bodies]
+        if name in _RUN_ONCE and counts:
+            return counts[0]
+        if name == "cond" and len(counts) == 2 and counts[0] == counts[1]:
+            return counts[0]
+        self.failures[node.name] = f"{name}: how often its bodies run depends on the values"
+        return 0
+
+    def _attribute(self, target: str) -> Any:
+        owner: Any = self.gm
+        for part in target.split("."):
+            owner = getattr(owner, part)
+        return owner
 
     def direct(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
         """The count without a re-dispatch, where the target tells it; None where it does not."""

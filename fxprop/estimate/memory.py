@@ -146,9 +146,24 @@ def _declared_aliases(node: torch.fx.Node) -> Callable[[int], torch.fx.Node | No
                     found = value
                     break
         sources.append(found)
+    # ``to`` and ``contiguous`` declare ``Tensor(a)`` but return their input only when nothing
+    # changes, else a copy: an alias the annotations do not share holds only if nothing changed.
+    outputs = node.meta.get("val")
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    sources = [source if source is None or index >= len(outputs) or _may_share(source.meta.get("val"), outputs[index])
+               else None for index, source in enumerate(sources)]
     if len(sources) == 1:
         return lambda index: sources[0]
     return lambda index: sources[index] if index < len(sources) else None
+
+
+def _may_share(before: Any, after: Any) -> bool:
+    if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)):
+        return True
+    if storage_key(before) == storage_key(after):
+        return True
+    return (before.dtype == after.dtype and before.device == after.device and before.shape == after.shape
+            and before.stride() == after.stride())
 
 
 def _last_uses(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:

@@ -69,10 +69,12 @@ def _over_limit(op: Any, needed: int, limit: int, what: str) -> FallbackLimitErr
 
 
 def refuse_without_kernel_for(op: Any, device: torch.device | None) -> None:
-    """The host runs an op for any logical device, but a library op registered for some
-    devices only cannot run on the others: real execution raises NotImplementedError there.
-    (torch's own ops are skipped: this build of torch may lack kernels another build has.)"""
-    if device is None or device.type in ("cpu", "meta") or not isinstance(op, OpOverload):
+    """The host runs an op for any logical device, and a fake kernel answers for any, but a
+    library op registered for some devices only cannot run on the others: real execution
+    raises NotImplementedError there. (torch's own ops are skipped: this build of torch may
+    lack kernels another build has.)"""
+    device = device if device is not None else torch.device("cpu")
+    if device.type == "meta" or not isinstance(op, OpOverload):
         return
     if op.namespace in ("aten", "prims", "_c10d_functional", "c10d", "quantized", "_quantized"):
         return

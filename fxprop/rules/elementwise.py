@@ -48,3 +48,11 @@ def pow_inplace_scalar(self, exponent):
     if self.dtype == torch.bool and isinstance(exponent, bool):
         return self
     return aten.pow_.Scalar(self, exponent)
+
+
+@rule(aten.nan_to_num_.default)
+def nan_to_num_(self, nan=None, posinf=None, neginf=None):
+    """Corrects nan_to_num_'s python meta kernel, which refuses complex tensors (through isneginf):
+    the real kernel replaces the parts of each complex number in place, as nan_to_num does."""
+    aten.nan_to_num.default(self, nan, posinf, neginf)  # its checks
+    return self

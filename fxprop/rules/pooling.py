@@ -5,7 +5,7 @@ import torch
 
 from .. import context
 from ..registry import rule
-from ..torch_compat import suggest_memory_format
+from ..torch_compat import check, suggest_memory_format
 
 aten = torch.ops.aten
 
@@ -25,3 +25,12 @@ def max_unpool2d(input: torch.Tensor, indices: torch.Tensor, output_size) -> tor
         if not out.is_contiguous(memory_format=memory_format):
             out = out.contiguous(memory_format=memory_format)
     return out
+
+
+@rule(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Corrects the meta kernel, which wraps dims of a lower-rank input first and fails with
+    IndexError, where the real kernels check the rank first (RuntimeError)."""
+    check(self.dim() in (3, 4) and (self.numel() != 0 or self.dim() == 4 or self.shape[0] == 0),
+          lambda: "non-empty 3D or 4D (batch mode) tensor expected for input")
+    return aten.max_pool2d_with_indices.default(self, kernel_size, stride, padding, dilation, ceil_mode)
