@@ -20,7 +20,7 @@ from . import context
 from .devices import META, merge_devices, tag
 from .devices.transfers import tensors_in
 from .errors import UnsupportedError
-from .kernel_dtypes import check_cpu_kernel_dtypes
+from .kernel_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
 from .kinds.fallback import refuse_without_kernel_for, run_on_host
@@ -89,7 +89,6 @@ class RuleDispatch(TorchDispatchMode):
         return onto_meta(args), {key: onto_meta(value) for key, value in kwargs.items()}
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
-        kind = rule.kind
         if kwargs.get("generator") is not None:
             # A generator decides values only. torch's python kernels refuse one, and the fallback
             # must not draw from the user's (it takes its own).
@@ -97,6 +96,15 @@ class RuleDispatch(TorchDispatchMode):
         if self.depth == 0:  # the node's own op; a decomposition's parts may use other dtypes
             check_cpu_kernel_dtypes(func, args, kwargs)
             refuse_without_kernel_for(func, context.node_device())
+            try:
+                return self.run_kind(func, rule, args, kwargs)
+            except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as refusal:
+                refusal_type_on_the_host(func, args, kwargs, refusal)
+                raise
+        return self.run_kind(func, rule, args, kwargs)
+
+    def run_kind(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
+        kind = rule.kind
         if kind is Kind.META:
             return run_meta(func, args, kwargs)
         if kind is Kind.FALLBACK:

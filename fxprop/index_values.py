@@ -15,7 +15,7 @@ import operator
 from typing import Any, Callable
 
 import torch
-from .torch_compat import check_index, statically_known_true
+from .torch_compat import check, check_index, statically_known_true
 
 aten = torch.ops.aten
 
@@ -82,11 +82,16 @@ def _is_zero(count: Any) -> bool:
     return statically_known_true(count == 0) if isinstance(count, torch.SymInt) else count == 0
 
 
-def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowed: bool) -> None:
-    """Every value of ``index`` addresses one of ``size`` entries; an empty index addresses none."""
+def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowed: bool,
+                 selects: bool = False) -> None:
+    """Every value of ``index`` addresses one of ``size`` entries; an empty index addresses none.
+    ``selects``: index_select (and embedding, which calls it) refuses an empty dim first, with a
+    RuntimeError."""
     count = index.numel()
     if not (statically_known_true(count >= 1) if isinstance(count, torch.SymInt) else count >= 1):
         return  # no index, nothing addressed
+    if selects:
+        check(not _is_zero(size), lambda: "index_select(): self indexing axis dim should be positive")
     smallest, largest = bounds
     check_index(largest < size, lambda: f"index out of range in self: index {largest} >= dim size {size}")
     lowest = -size if negative_allowed else 0
@@ -120,21 +125,21 @@ class IndexValues:
         return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
 
     def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
-        def check(position: int, name: str, size: Any, negative_allowed: bool = False) -> None:
+        def selected(position: int, name: str, size: Any) -> None:
             in_node = node.args[position] if position < len(node.args) else node.kwargs.get(name)
             bounds = self.known(in_node)
             if bounds is not None:
-                _check_index(bounds, _arg(args, kwargs, position, name), size, negative_allowed)
+                _check_index(bounds, _arg(args, kwargs, position, name), size, False, selects=True)
 
         if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
-            check(0, "input", self._module(node).num_embeddings)
+            selected(0, "input", self._module(node).num_embeddings)
         elif target in (torch.nn.functional.embedding,):
-            check(0, "input", _arg(args, kwargs, 1, "weight").shape[0])
+            selected(0, "input", _arg(args, kwargs, 1, "weight").shape[0])
         elif target is aten.embedding.default:
-            check(1, "indices", args[0].shape[0])
+            selected(1, "indices", args[0].shape[0])
         elif target in (torch.index_select, "index_select", aten.index_select.default):
             source, dim = args[0], _arg(args, kwargs, 1, "dim")
-            check(2, "index", source.shape[dim] if source.dim() else 1)
+            selected(2, "index", source.shape[dim] if source.dim() else 1)
         elif target in (operator.getitem, aten.index.Tensor) and isinstance(args[0], torch.Tensor) \
                 and len(node.args) > 1:
             if target is operator.getitem:

@@ -10,8 +10,9 @@ than 1, since one-element operands take the kernels' scalar paths, whose lists d
 the same python arguments, and its refusal is the node's. The answer depends only on the op
 and those types and sizes, so it is kept for the process.
 
-Only elementwise ops are asked (tagged ``pointwise``, or the in-place form of one): they accept
-any broadcastable sizes, so the stand-ins stand for any input. Nodes on other devices are not
+Only elementwise ops (tagged ``pointwise``, or the in-place form of one), which accept any
+broadcastable sizes, and the reductions that check their dtype first (max, amax, std, ...) are
+asked: the stand-ins stand for any input of theirs. Nodes on other devices are not
 asked: their kernels have other lists.
 """
 from __future__ import annotations
@@ -31,10 +32,36 @@ _answers: dict[tuple, tuple[type, str] | None] = {}
 _lock = threading.Lock()
 
 
+# Reductions whose CPU kernels dispatch on dtype before anything else; they take the stand-ins
+# as they take any input of the same rank.
+_REDUCTIONS = frozenset({"max", "min", "amax", "amin", "aminmax", "argmax", "argmin", "std", "var", "std_mean",
+                         "var_mean"})
+
+
 def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Raise as the CPU kernel would when it has no implementation for these dtypes."""
-    if "out" in kwargs or not is_elementwise(op):
+    if "out" in kwargs or not (is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS)):
         return
+    _check(op, args, kwargs)
+
+
+def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
+    """Where a meta kernel or decomposition refuses a CPU call, raise instead as the CPU kernel
+    refuses these dtypes, if it does (``layer_norm`` of ints: the decomposition's RuntimeError, the
+    kernel's NotImplementedError). Asked only once the call is refused, of any op."""
+    if "out" in kwargs or op.namespace != "aten":
+        return
+    try:
+        _check(op, args, kwargs, full_size=True)
+    except PropagationError as host_refusal:
+        if host_refusal.error_type is not type(refusal):
+            raise host_refusal from refusal
+
+
+_FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this
+
+
+def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -> None:
     device = context.node_device()
     if device is not None and device.type != "cpu":
         return
@@ -42,8 +69,11 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
     if not tensors or symbolic.has_symbolic(flat):
         return
+    if full_size and sum(t.numel() for t in tensors) > _FULL_SIZE_LIMIT:
+        return
+    shape_of = (lambda t: tuple(t.shape)) if full_size else _stand_in_shape
     try:
-        key = (op, spec, tuple(_stand_in_shape(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
+        key = (op, spec, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
                                for v in flat))
         hash(key)
     except TypeError:
@@ -52,7 +82,7 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
         known = key in _answers
         refusal = _answers.get(key)
     if not known:
-        refusal = _ask_the_host(op, flat, spec)
+        refusal = _ask_the_host(op, flat, spec, shape_of)
         with _lock:
             if len(_answers) >= _ANSWER_LIMIT:
                 _answers.pop(next(iter(_answers)))
@@ -62,15 +92,15 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
         raise PropagationError(message, error_type=error_type)
 
 
-def _ask_the_host(op: OpOverload, flat: list, spec: Any) -> tuple[type, str] | None:
-    def one_element(value: Any) -> Any:
+def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> tuple[type, str] | None:
+    def stand_in(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
-        return torch.ones(_stand_in_shape(value), dtype=value.dtype, device="cpu")
+        return torch.ones(shape_of(value), dtype=value.dtype, device="cpu")
 
     with context.on_host(), torch.no_grad():
         try:
-            args, kwargs = pytree.tree_unflatten([one_element(value) for value in flat], spec)
+            args, kwargs = pytree.tree_unflatten([stand_in(value) for value in flat], spec)
         except (NotImplementedError, RuntimeError):
             return None  # a dtype the host cannot even fill (float4, bits): nothing to ask
         try:
@@ -91,5 +121,5 @@ def _about_dtypes(message: str) -> bool:
     """A refusal for the dtypes themselves, not for the stand-ins' sizes or values
     (a NotImplementedError always is: a kernel missing for these types)."""
     return any(phrase in message for phrase in ("not implemented for", "not yet implemented for", "not supported for",
-                                                "inputs not supported",
-                                                "only supports", "does not support", "is not supported"))
+                                                "inputs not supported", "only support", "does not support",
+                                                "is not supported", "without overflow"))

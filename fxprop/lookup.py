@@ -11,7 +11,7 @@ from .context import Session, swap_session
 from .kinds import Rule
 from .resolution import resolve_call, static_rule
 from .specs import TensorSpec, to_internal
-from .torch_compat import without_ambient_modes
+from .torch_compat import HigherOrderOperator, without_ambient_modes
 
 
 def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
@@ -34,8 +34,8 @@ def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
     >>> fxprop.lookup("get_device", x).kind
     <Kind.DEVICE: 'device'>
     """
-    if not args and not kwargs:
-        return static_rule(target)
+    if not args and not kwargs or isinstance(target, HigherOrderOperator):
+        return static_rule(target)  # a higher-order op's rule takes its subgraphs whatever the values
     if static_rule(target).composite or isinstance(target, torch.nn.Module):
         return _propagated(target, args, kwargs)
     session = Session(fallback_limit_bytes=0)

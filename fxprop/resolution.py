@@ -41,7 +41,8 @@ from .devices.transfers import tensors_in
 from .kinds import Kind, Rule
 from .registry import target_name
 from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, registered_fake)
+                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, registered_fake,
+                           schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
@@ -95,6 +96,8 @@ def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = N
             return Resolution(Rule(Kind.DEVICE, placement.rule, device_rule=placement.rule), placement)
     resolved = _for_values(target, rule, args, kwargs)
     placed_by = placement.rule if placement is not None and placement.transfer else None
+    if isinstance(target, OpOverload) and not schema_of(target).returns:
+        placed_by = None  # an op that returns nothing places nothing (_assert_tensor_metadata)
     if resolved.device_rule != placed_by:
         resolved = dataclasses.replace(resolved, device_rule=placed_by)
     return Resolution(resolved, placement)

@@ -123,3 +123,17 @@ def test_a_symbolic_length_that_contradicts_the_table_is_refused():
     with pytest.raises(fxprop.PropagationError):
         fxprop.propagate(gm, TensorSpec(("N + 8",)))
 
+
+
+def test_an_embedding_of_an_empty_table_refuses_as_index_select_does():
+    """Campaign finding: real execution refuses with index_select's RuntimeError (an empty dim),
+    before any index is checked against it."""
+    graph = torch.fx.Graph()
+    weight = graph.placeholder("weight")
+    graph.output(graph.call_function(F.embedding, (graph.call_function(torch.arange, (1,)), weight)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(RuntimeError, match="should be positive"):
+        gm(torch.randn(0, 1))
+    with pytest.raises(fxprop.PropagationError, match="should be positive") as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec((0, 1)))
+    assert caught.value.error_type is RuntimeError

@@ -87,6 +87,14 @@ CASES = {
     # a generator decides values only
     "exponential with a generator": (torch.ops.aten.exponential.default, (torch.rand(3, 4), 1.0),
                                      dict(generator=torch.Generator().manual_seed(0))),
+    "masked_fill of ints with inf": ("masked_fill", (torch.tensor(3), torch.tensor(True), float("inf")), {}),
+    "max of complex numbers": (torch.max, (torch.randn(3, dtype=torch.complex64),), {}),
+    "amax of complex numbers": (torch.amax, (torch.randn(3, dtype=torch.complex64),), {}),
+    "std of ints along a dim a 0-dim tensor lacks": (torch.std, (torch.tensor(3), 1), {}),
+    "std of floats": (torch.std, (torch.randn(3, 4), 1), {}),
+    "max of floats along a dim": (torch.max, (torch.randn(3, 4), 1), {}),
+    "layer_norm of ints": (torch.nn.functional.layer_norm, (torch.arange(4), (4,)), {}),
+    "layer_norm": (torch.nn.functional.layer_norm, (torch.randn(2, 4), (4,)), {}),
     # writes into a tensor whose elements share memory
     "add_ into an expanded tensor": ("add_", (torch.zeros(3, 1).expand(3, 3), 1), {}),
     "mul_ into an expanded tensor": ("mul_", (torch.zeros(1).expand(3), torch.randn(3)), {}),

@@ -166,3 +166,37 @@ def test_a_model_error_from_a_composite_keeps_its_type():
     with pytest.raises(fxprop.PropagationError) as caught:
         check_rule(F.linear, torch.randn(2, 3), torch.randn(4, 5))
     assert caught.value.error_type is RuntimeError
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "t5", "swin"])
+def test_provenance_is_what_lookup_says_on_corpus_models(name):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from corpus import harness, models
+    model, inputs = models.build(name)
+    gm = harness.export(model, inputs).module()
+    with torch.no_grad():
+        fxprop.propagate(gm, *inputs.values(), cache=False)
+        assert assert_provenance_agrees_with_lookup(gm) > 50
+
+
+def test_provenance_is_what_lookup_says_on_the_fuzz_slice():
+    from hypothesis import HealthCheck, given, settings
+    from test_fuzz import graphs
+    checked = []
+
+    @settings(max_examples=60, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(graphs())
+    def agree(case):
+        gm, recipes = case
+        try:
+            with torch.no_grad():
+                fxprop.propagate(gm, *[recipe.for_fxprop() for recipe in recipes], cache=False)
+        except fxprop.FxpropError:
+            return  # refused graphs record nothing
+        checked.append(assert_provenance_agrees_with_lookup(gm))
+
+    agree()
+    assert sum(checked) > 100
