@@ -169,8 +169,7 @@ def may_differentiate(gm: torch.fx.GraphModule) -> bool:
                     called = module.get_submodule(str(node.target))
                 except AttributeError:
                     continue  # the walk reports the missing submodule at its node
-                if not isinstance(called, torch.fx.GraphModule) and not all(
-                        type(part).__module__.startswith("torch.nn.") for part in called.modules()):
+                if not all(type(part).__module__.split(".")[0] == "torch" for part in called.modules()):
                     return True  # a user's module, or a torch container holding one
     return False
 

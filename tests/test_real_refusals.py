@@ -45,6 +45,7 @@ CASES = {
     "index_add with a 2-d index": (torch.index_add, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
     "index_add with a float index": (torch.index_add, (x34, 0, torch.tensor([0.0, 1.0]), torch.randn(2, 4)), {}),
     "index_copy with too many indices": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(3, 4)), {}),
+    "index_select from an empty dim": (torch.index_select, (torch.randn(0, 3), 0, torch.tensor([0])), {}),
     "index_copy": (torch.index_copy, (x34, 0, torch.tensor([0, 2]), torch.randn(2, 4)), {}),
     "index_copy with a 2-d index": (torch.index_copy, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
     "index_copy of a 0-dim source at two places": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.tensor(1.0)),
