@@ -1,9 +1,7 @@
-"""The three ways of annotating a graph that the benchmark compares."""
+"""The two ways of annotating a graph that the benchmark compares, called as a pipeline would."""
 from __future__ import annotations
 
 from typing import Callable
-
-import torch
 
 
 def run_fxprop(gm, case):
@@ -18,11 +16,12 @@ def run_fake_tensor_prop(gm, case):
     FakeTensorProp(gm, mode).propagate(*[mode.from_tensor(x) for x in case.meta_inputs])
 
 
-def run_shape_prop(gm, case):
-    from torch.fx.passes.shape_prop import ShapeProp
-    with torch.no_grad():
-        ShapeProp(gm).propagate(*case.real_inputs)
+def clear_caches() -> None:
+    """Empty both implementations' memo caches: fxprop's rule cache and FakeTensorMode's dispatch cache."""
+    import fxprop
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fxprop.rule_cache.clear()
+    FakeTensorMode.cache_clear()
 
 
-METHODS: dict[str, Callable] = {"fxprop": run_fxprop, "FakeTensorProp": run_fake_tensor_prop,
-                                "ShapeProp": run_shape_prop}
+METHODS: dict[str, Callable] = {"fxprop": run_fxprop, "FakeTensorProp": run_fake_tensor_prop}

@@ -263,3 +263,12 @@ def test_a_torch_container_holding_a_module_that_differentiates_gets_no_memoized
     gm = torch.fx.GraphModule(model, KeepsWrap().trace(model))
     for _ in range(2):  # the second call would find x * 2 in the cache
         assert fxprop.propagate(gm, fxprop.TensorSpec((3,), requires_grad=True)).shape == (3,)
+
+
+def test_an_exported_module_is_not_opaque_code_to_the_cache():
+    """torch.export's .module() calls its own _guards_fn module: torch's code, which never walks
+    the autograd graph, so memoized results stay usable there."""
+    from fxprop.cache import may_differentiate
+    gm = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)).module()
+    assert any(node.op == "call_module" for node in gm.graph.nodes)
+    assert not may_differentiate(gm)
