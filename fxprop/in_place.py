@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of
+from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of, view_base
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -91,7 +91,6 @@ def _written(op: OpOverload, args: tuple, kwargs: dict) -> list:
 
 
 def _same_view(a: Any, b: Any) -> bool:
-    from .torch_compat import view_base
     if a is b:
         return True
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and view_base(a) is not None
