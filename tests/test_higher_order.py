@@ -179,7 +179,7 @@ def test_no_grad_block():
     assert [v.requires_grad for v in body.meta["val"]] == [False, False]
 
 
-def test_the_briefs_reproducer():
+def test_a_no_grad_block_that_feeds_a_linear_layer():
     class M(torch.nn.Module):
         def __init__(s):
             super().__init__()

@@ -304,7 +304,7 @@ for _name in CI_SLICE:
 CI_TRACES: dict[str, tuple[str, ...]] = {
     "llama": ("export", "module", "module_spec", "dynamo"),
     "bert": ("export", "module", "module_spec", "dynamo", "fx"),
-    "bloom": ("export", "module", "dynamo"),   # dynamo: a known fxprop bug, xfail(strict=True)
+    "bloom": ("export", "module", "dynamo"),   # dynamo keeps its autograd.Function as autograd_function_apply
     "vit": ("export", "module", "dynamo"),
 }
 
