@@ -20,7 +20,7 @@ from . import context
 from .devices import META, merge_devices, tag
 from .devices.transfers import tensors_in
 from .errors import UnsupportedError
-from .kernel_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
+from .kernel_dtypes import check_cpu_kernel_before_complex_autograd, check_cpu_kernel_dtypes, refusal_type_on_the_host
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
 from .kinds.fallback import refuse_without_kernel_for, run_on_host
@@ -97,10 +97,12 @@ class RuleDispatch(TorchDispatchMode):
             check_cpu_kernel_dtypes(func, args, kwargs)
             refuse_without_kernel_for(func, context.node_device())
             try:
-                return self.run_kind(func, rule, args, kwargs)
+                result = self.run_kind(func, rule, args, kwargs)
             except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as refusal:
                 refusal_type_on_the_host(func, args, kwargs, refusal)
                 raise
+            check_cpu_kernel_before_complex_autograd(func, args, kwargs, result)
+            return result
         return self.run_kind(func, rule, args, kwargs)
 
     def run_kind(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:

@@ -10,10 +10,12 @@ than 1, since one-element operands take the kernels' scalar paths, whose lists d
 the same python arguments, and its refusal is the node's. The answer depends only on the op
 and those types and sizes, so it is kept for the process.
 
-Only elementwise ops (tagged ``pointwise``, or the in-place form of one), which accept any
+Elementwise ops (tagged ``pointwise``, or the in-place form of one), which accept any
 broadcastable sizes, and the reductions that check their dtype first (max, amax, std, ...) are
-asked: the stand-ins stand for any input of theirs. Nodes on other devices are not
-asked: their kernels have other lists.
+asked on stand-ins: these stand for any input of theirs. Any other op given a dtype that few
+kernels implement (complex, float8, the wide unsigned ints) is asked on stand-ins of its own
+sizes, up to a limit; random ops never are, as they would draw from the global generator. Nodes
+on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
 
@@ -38,11 +40,21 @@ _REDUCTIONS = frozenset({"max", "min", "amax", "amin", "aminmax", "argmax", "arg
                          "var_mean"})
 
 
+# dtypes that many CPU kernels are not compiled for: any op given one is asked on its own sizes.
+_RARELY_IMPLEMENTED = frozenset({torch.complex32, torch.complex64, torch.complex128, torch.uint16, torch.uint32,
+                                 torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+                                 torch.float8_e5m2fnuz, torch.float8_e8m0fnu})
+
+
 def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Raise as the CPU kernel would when it has no implementation for these dtypes."""
-    if "out" in kwargs or not (is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS)):
+    if "out" in kwargs:
         return
-    _check(op, args, kwargs)
+    if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
+        _check(op, args, kwargs)
+    elif op.namespace == "aten" and torch.Tag.nondeterministic_seeded not in op.tags and any(
+            isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
+        _check(op, args, kwargs, full_size=True)
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
@@ -56,6 +68,19 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
     except PropagationError as host_refusal:
         if host_refusal.error_type is not type(refusal):
             raise host_refusal from refusal
+
+
+def check_cpu_kernel_before_complex_autograd(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> None:
+    """A complex result that requires grad may be refused by autograd once the kernel has run
+    ("does not support automatic differentiation for outputs with complex dtype"); on the host the
+    kernel runs first, and its own refusal of the dtypes is the one raised (softmax of complex)."""
+    if "out" in kwargs or op.namespace != "aten" or not torch.is_grad_enabled():
+        return
+    flat_args = pytree.tree_leaves((args, kwargs))
+    if not any(isinstance(v, torch.Tensor) and v.requires_grad for v in flat_args):
+        return
+    if any(isinstance(v, torch.Tensor) and v.is_complex() for v in pytree.tree_leaves(result)):
+        _check(op, args, kwargs, full_size=True)
 
 
 _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this

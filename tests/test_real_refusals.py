@@ -91,6 +91,12 @@ CASES = {
     "masked_fill of ints with inf": ("masked_fill", (torch.tensor(3), torch.tensor(True), float("inf")), {}),
     "max of complex numbers": (torch.max, (torch.randn(3, dtype=torch.complex64),), {}),
     "amax of complex numbers": (torch.amax, (torch.randn(3, dtype=torch.complex64),), {}),
+    "softmax of complex numbers": (torch.softmax, (torch.randn(3, dtype=torch.complex64), 0), {}),
+    # the kernel refuses before autograd sees the complex result
+    "softmax of complex numbers that require grad": (torch.softmax, (torch.randn(3, dtype=torch.complex64,
+                                                                                requires_grad=True), 0), {}),
+    "mul of complex numbers that require grad": (torch.mul, (torch.randn(3, dtype=torch.complex64,
+                                                                         requires_grad=True), 2), {}),
     "std of ints along a dim a 0-dim tensor lacks": (torch.std, (torch.tensor(3), 1), {}),
     "std of floats": (torch.std, (torch.randn(3, 4), 1), {}),
     "max of floats along a dim": (torch.max, (torch.randn(3, 4), 1), {}),
