@@ -25,7 +25,8 @@ import torch
 from .devices import device_of, tag
 from .devices.transfers import tensors_in
 from .errors import FallbackLimitError
-from .torch_compat import DelayedError, OpOverload, OpOverloadPacket, is_view, schema_of, set_grad_enabled_op, view_base
+from .torch_compat import (DelayedError, OpOverload, OpOverloadPacket, functorch_depth, is_view, schema_of,
+                           set_grad_enabled_op, view_base)
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
@@ -150,6 +151,7 @@ _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_ho
                              "data_ptr", "untyped_storage", "storage"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
+_STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
 
 
 def may_differentiate(gm: torch.fx.GraphModule) -> bool:
@@ -216,7 +218,8 @@ def _judge_purity(op: str, target: Any) -> bool:
     name = getattr(target, "__name__", "") or ""
     if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
         return False
-    return module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
+    return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
+            and not module.startswith(_STATEFUL_PACKAGES))
 
 
 # --- recipes: results stored without holding any tensor -----------------------------------------
@@ -354,8 +357,8 @@ class CallMemo:
         """``target_key()`` stands for the target in the key (a module: its state's signature);
         ``context`` is everything else a result depends on (grad mode, backend flags, ...);
         ``differentiates``: the graph may differentiate its values (`may_differentiate`)."""
-        if not is_pure(op, target, args, kwargs):
-            return None
+        if not is_pure(op, target, args, kwargs) or functorch_depth() > 0:
+            return None  # under vmap or grad transforms a tensor's meaning depends on the level: never reused
         try:
             key = (op, target_key(), signature(args), signature(kwargs), context)
             hash(key)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .kinds import Kind, costlier
+from .known_values import KnownValues
 from .torch_compat import _disable_current_modes
 
 
@@ -28,7 +29,7 @@ class NodeRecord:
 class Session:
     """State of one `propagate` call that rules may consult."""
     fallback_limit_bytes: int
-    real_values: dict[int, torch.Tensor] = field(default_factory=dict)
+    real_values: KnownValues = field(default_factory=KnownValues)
     record: NodeRecord = field(default_factory=NodeRecord)
     walk_subgraph: Callable[[Any, list], Any] | None = None  # propagates a subgraph, annotating its nodes
     open_region: Callable[..., None] | None = None  # the nodes that follow run inside a region (autocast's)

@@ -94,13 +94,14 @@ class RuleDispatch(TorchDispatchMode):
             # must not draw from the user's (it takes its own).
             kwargs = {**kwargs, "generator": None}
         if self.depth == 0:  # the node's own op; a decomposition's parts may use other dtypes
-            check_cpu_kernel_dtypes(func, args, kwargs)
             refuse_without_kernel_for(func, context.node_device())
             try:
                 result = self.run_kind(func, rule, args, kwargs)
-            except (RuntimeError, IndexError, ValueError, TypeError, AssertionError) as refusal:
+            except (RuntimeError, IndexError, ValueError, TypeError, AssertionError, OverflowError) as refusal:
                 refusal_type_on_the_host(func, args, kwargs, refusal)
                 raise
+            # The kernel's dtype dispatch comes after its shape and type checks, which the call passed.
+            check_cpu_kernel_dtypes(func, args, kwargs)
             check_cpu_kernel_before_complex_autograd(func, args, kwargs, result)
             return result
         return self.run_kind(func, rule, args, kwargs)

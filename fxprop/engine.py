@@ -41,7 +41,7 @@ from .modules import StateView
 from .registry import generation as registry_generation, target_name
 from .resolution import reaches_dispatch, resolve_call
 from .source import source_line
-from .specs import meta_like, to_internal
+from .specs import meta_like, to_internal, values_worth_knowing
 from .torch_compat import FakeTensorMode
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -275,12 +275,14 @@ class Propagation:
         self.environment = environment()
         outer = swap_session(self.session)
         grad_enabled = torch.is_grad_enabled()
+        functorch_depth = torch_compat.functorch_depth()
         try:
             with logical_default_device():
                 output = walk()
         finally:
             while self.regions:  # a region the graph never closed (or one a failure left open)
                 self.close_region()
+            torch_compat.undo_functorch_to(functorch_depth)
             torch.set_grad_enabled(grad_enabled)
             swap_session(outer)
         if self.symbols.active:
@@ -341,7 +343,7 @@ class Propagation:
         if cache is None or self.symbols.active:
             return None
         real_values = self.session.real_values
-        if real_values and any(id(t) in real_values for t in tensors_in(args, kwargs)):
+        if real_values and any(t in real_values for t in tensors_in(args, kwargs)):
             return None  # a rule may read the values, which the key does not hold
         context = (self.environment, self.default_device, registry_generation())
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
@@ -440,7 +442,7 @@ class GraphWalk:
         if self.gm is propagation.gm:
             if propagation.known_inputs is None:
                 propagation.known_inputs = {}
-            known = propagation.session.real_values.get(id(value)) if isinstance(value, torch.Tensor) else None
+            known = propagation.session.real_values.get(value) if isinstance(value, torch.Tensor) else None
             if known is not None:
                 propagation.known_inputs[node.name] = known.detach().clone()
         return value, _PLAIN_INPUT
@@ -456,7 +458,10 @@ class GraphWalk:
             owner = getattr(owner, part)
         if isinstance(owner, torch.fx.GraphModule):
             return owner, _PLAIN_ATTRIBUTE  # a subgraph (a higher-order op's body): walked, never run, so not shadowed
-        return self.propagation.state.value(owner), _PLAIN_ATTRIBUTE
+        value = self.propagation.state.value(owner)
+        if isinstance(owner, torch.Tensor) and values_worth_knowing(owner):
+            self.propagation.session.real_values.remember(value, owner)  # a constant: its values are the module's
+        return value, _PLAIN_ATTRIBUTE
 
     def output(self, node: torch.fx.Node) -> tuple[Any, Provenance]:
         self.output_value = self.load(node.args[0])
@@ -491,7 +496,7 @@ class GraphWalk:
                 self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
                 known = self.gm.meta.get(KNOWN_INPUTS, {}).get(node.name) if node.op == "placeholder" else None
                 if known is not None and isinstance(self.env[node], torch.Tensor):
-                    self.propagation.session.real_values[id(self.env[node])] = known
+                    self.propagation.session.real_values.remember(self.env[node], known)
             return self.env[node]
         return torch.fx.node.map_arg(argument, value_of)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of, view_base
+from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of, storage_key
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -91,11 +91,12 @@ def _written(op: OpOverload, args: tuple, kwargs: dict) -> list:
 
 
 def _same_view(a: Any, b: Any) -> bool:
+    """ATen's copy_ test for "the same data": one storage, offset, sizes, strides and dtype."""
     if a is b:
         return True
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and view_base(a) is not None
-            and view_base(a) is view_base(b) and a.shape == b.shape and a.stride() == b.stride()
-            and a.storage_offset() == b.storage_offset())
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and storage_key(a) == storage_key(b)
+            and a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+            and a.dtype == b.dtype and a.is_conj() == b.is_conj() and a.is_neg() == b.is_neg())
 
 
 def scalar_type_name(dtype: torch.dtype) -> str:

@@ -52,7 +52,7 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
         return
     if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
         _check(op, args, kwargs)
-    elif op.namespace == "aten" and torch.Tag.nondeterministic_seeded not in op.tags and any(
+    elif op.namespace == "aten" and any(
             isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
         _check(op, args, kwargs, full_size=True)
 
@@ -88,8 +88,8 @@ _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-
 
 def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -> None:
     device = context.node_device()
-    if device is not None and device.type != "cpu":
-        return
+    if (device is not None and device.type != "cpu") or torch.Tag.nondeterministic_seeded in op.tags:
+        return  # a random op would draw from the global generator
     flat, spec = pytree.tree_flatten((args, kwargs))
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
     if not tensors or symbolic.has_symbolic(flat):
@@ -121,6 +121,8 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> tuple
     def stand_in(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
+        if not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype is not torch.bool:
+            return torch.zeros(shape_of(value), dtype=value.dtype, device="cpu")  # an index in range of any dim
         return torch.ones(shape_of(value), dtype=value.dtype, device="cpu")
 
     with context.on_host(), torch.no_grad():
@@ -130,8 +132,9 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> tuple
             return None  # a dtype the host cannot even fill (float4, bits): nothing to ask
         try:
             op(*args, **kwargs)
-        except (NotImplementedError, RuntimeError, TypeError) as error:
-            if isinstance(error, NotImplementedError) or _about_dtypes(str(error)):
+        except Exception as error:  # only a refusal of the dtypes is the node's; the stand-ins' values may be refused
+            if isinstance(error, NotImplementedError) or (isinstance(error, (RuntimeError, TypeError))
+                                                          and _about_dtypes(str(error))):
                 return type(error), str(error).split("\n")[0]
     return None
 

@@ -233,4 +233,4 @@ def _has_tensor(args: tuple, kwargs: dict) -> bool:
 def _all_values_known(args: tuple, kwargs: dict) -> bool:
     session = context.current_session()
     tensors = tensors_in(args, kwargs)
-    return session is not None and bool(tensors) and all(id(t) in session.real_values for t in tensors)
+    return session is not None and bool(tensors) and all(t in session.real_values for t in tensors)

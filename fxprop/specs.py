@@ -15,6 +15,7 @@ from .torch_compat import FakeTensor
 from . import symbolic
 from .devices import device_of, normalize_device, tag
 from .errors import InputError
+from .known_values import KnownValues
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -128,7 +129,14 @@ def meta_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 _SCALARS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
 
-def to_internal(value: Any, where: str, real_values: dict[int, torch.Tensor]) -> Any:
+def values_worth_knowing(value: torch.Tensor) -> bool:
+    """Whether fxprop keeps a real tensor's values: indices, counts and python numbers wrapped as
+    tensors (integer tensors up to 65536 elements, and 0-dim ones), which rules and ``.item()`` read."""
+    return value.device.type != "meta" and (value.dim() == 0 or (
+        not (value.dtype.is_floating_point or value.dtype.is_complex) and value.numel() <= 1 << 16))
+
+
+def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
     """Turn one user input (possibly nested) into fxprop's internal form."""
     if isinstance(value, TensorSpec):
         return value.to_meta()
@@ -150,9 +158,8 @@ def to_internal(value: Any, where: str, real_values: dict[int, torch.Tensor]) ->
             raise InputError(f"{where}: {value.dtype} tensors are not supported: quantized and bit-packed "
                              "tensors have no meta kernels to propagate them")
         meta = meta_like(value, value.device)
-        if value.device.type != "meta" and (value.dim() == 0 or (
-                not (value.dtype.is_floating_point or value.dtype.is_complex) and value.numel() <= 1 << 16)):
-            real_values[id(meta)] = value  # indices, counts and python numbers wrapped as tensors
+        if values_worth_knowing(value):
+            real_values.remember(meta, value)
         return meta
     if isinstance(value, float) and not math.isfinite(value):
         return value

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import math
 import operator
 import re
 import threading
@@ -832,13 +833,24 @@ __all__ = ["MAX_EXPR_OPS", "SymbolInfo", "broadcast_shapes", "definitely_equal",
            "user_symbol"]
 
 
+def _example_size(size: Any) -> int:
+    if not isinstance(size, torch.SymInt):
+        return size
+    hint = size.node.hint
+    return hint if isinstance(hint, int) else 2
+
+
 def host_sample(tensor: torch.Tensor) -> torch.Tensor:
     """A small CPU tensor standing in for a symbolic one where a host check needs a real tensor.
 
-    Only for checks that depend on rank, dtype and layout, not on sizes: every symbolic dim
-    becomes 2, and the last dim keeps whether its stride is 1.
+    A symbolic dim takes its symbol's example value where it has one (dynamo's and export's
+    backed symbols), so that it compares with other tensors' dims as the real ones do (an SDPA
+    mask's sequence length against the query's); an unbacked one becomes 2. Over 2**24 elements,
+    every dim is at most 2. The last dim keeps whether its stride is 1.
     """
-    sizes = [2 if isinstance(size, torch.SymInt) else size for size in tensor.shape]
+    sizes = [_example_size(size) for size in tensor.shape]
+    if math.prod(sizes) > 1 << 24:
+        sizes = [min(size, 2) for size in sizes]
     sample = torch.empty(sizes, dtype=tensor.dtype, device="cpu")
     if tensor.dim() >= 2 and not definitely_equal(tensor.stride()[-1], 1):
         sample = torch.empty([*sizes[:-2], sizes[-1], sizes[-2]], dtype=tensor.dtype, device="cpu").transpose(-1, -2)

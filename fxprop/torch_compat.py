@@ -215,6 +215,19 @@ def without_ambient_modes():
             torch._C._push_on_torch_function_stack(mode)
 
 
+def functorch_depth() -> int:
+    """How many functorch transforms (vmap, grad, jvp levels) are active now."""
+    return torch._C._functorch.get_dynamic_layer_stack_depth()
+
+
+def undo_functorch_to(depth: int) -> None:
+    """Leave the functorch levels entered since ``depth``: a graph that increments vmap's nesting
+    (dynamo inlines ``torch.vmap`` so) and fails before it decrements it leaves the process at the
+    depth it started from, as dynamo does when a frame fails."""
+    if functorch_depth() > depth:
+        torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+
+
 def higher_order_ops() -> dict[str, HigherOrderOperator]:
     """Every higher-order operator torch has defined so far, by name."""
     from torch._ops import _higher_order_ops

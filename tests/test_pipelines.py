@@ -199,3 +199,65 @@ def test_the_backend_helper_can_write_dynamos_key():
     with pytest.raises(fxprop.InputError, match="inner"):
         fxprop.backend(42)
     torch._dynamo.reset()
+
+
+def test_a_graph_with_dynamos_inlined_vmap_propagates_and_leaves_functorch_as_it_was():
+    """Dynamo inlines ``torch.vmap`` as calls that push and pop functorch levels
+    (_vmap_increment_nesting, _add_batch_dim, ...): they run for real, in order, every time (never
+    from the cache), and the process's functorch depth is the same afterwards."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        for _ in range(2):  # the second time with a warm cache
+            fxprop.propagate(gm, *example_inputs)
+            seen.append((_agreement(gm), torch._C._functorch.get_dynamic_layer_stack_depth()))
+        return gm.forward
+
+    def f(x, w):
+        return torch.vmap(lambda row: (row * w).sum(0))(x).relu()
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=backend)(torch.randn(4, 3), torch.randn(3))
+    assert out.shape == (4,)
+    assert seen == [([], 0), ([], 0)]
+
+
+def test_a_failure_inside_a_vmap_level_leaves_functorch_as_it_was():
+    from torch._functorch.predispatch import _add_batch_dim, _vmap_increment_nesting
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    level = graph.call_function(_vmap_increment_nesting, (4, "error"))
+    batched = graph.call_function(_add_batch_dim, (x, 0, level))
+    graph.output(graph.call_function(torch.mm, (batched, batched)))  # a 1-d row per level: refused
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(gm, torch.randn(4, 3))
+    assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
+
+
+class MaskedAttention(nn.Module):
+    """SDPA with a mask of fixed sizes and a query whose sizes dynamo makes symbolic."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.zeros(1, 1, 16, 16))
+
+    def forward(self, x):
+        q = x[:, :, : (x.shape[2] // 4) * 4]  # a length dynamo keeps as an expression, not a symbol it can replace
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=self.mask).relu()
+
+
+def test_the_cpu_attention_kernel_is_chosen_at_dynamos_example_sizes():
+    """The CPU's SDPA choice compares the mask's sizes with the query's: symbolic sizes take
+    their example values (16 here), so the flash kernel's layout comes out as dynamo's does."""
+    seen = {}
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        seen["differences"] = _agreement(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(MaskedAttention(), backend=backend, dynamic=True)(torch.randn(2, 2, 16, 8))
+    assert seen["differences"] == []

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import fxprop
+import fxprop.testing
 from fxprop.testing import check_rule
 
 x34 = torch.randn(3, 4)
@@ -19,6 +20,14 @@ CASES = {
     "conv3d zero dilation": (F.conv3d, (torch.randn(1, 2, 5, 5, 5), torch.randn(3, 2, 3, 3, 3)), dict(dilation=0)),
     "conv2d": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=1, dilation=2)),
     # moving and reducing
+    "mean of ints along a dim a 0-dim tensor lacks": (torch.mean, (torch.tensor(3), 1), {}),
+    "mean of ints into ints along a dim past the end": (torch.mean, (torch.arange(2), 3), dict(dtype=torch.int32)),
+    "mean of ints into floats": (torch.mean, (torch.arange(2), 0), dict(dtype=torch.float32)),
+    "stack of a 1-d and a 0-dim tensor along dim 1": (torch.stack, ((torch.zeros(1), torch.zeros(())), 1), {}),
+    "stack of a 0-dim and a 1-d tensor along dim 1": (torch.stack, ((torch.zeros(()), torch.zeros(1)), 1), {}),
+    "stack of unequal sizes": (torch.stack, ((torch.zeros(2), torch.zeros(3)),), {}),
+    "stack past the new dim": (torch.stack, ((torch.zeros(2), torch.zeros(2)), 2), {}),
+    "stack": (torch.stack, ((torch.zeros(2), torch.zeros(2)), -2), {}),
     "roll a 0-dim tensor along dim 0": (torch.roll, (torch.tensor(1.0), 1, 0), {}),
     "roll a 0-dim tensor": (torch.roll, (torch.tensor(1.0), 1), {}),
     "amax over an empty dim": (torch.amax, (torch.randn(0, 3), 0), {}),
@@ -46,6 +55,13 @@ CASES = {
     "index_add with a float index": (torch.index_add, (x34, 0, torch.tensor([0.0, 1.0]), torch.randn(2, 4)), {}),
     "index_copy with too many indices": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.randn(3, 4)), {}),
     "index_select from an empty dim": (torch.index_select, (torch.randn(0, 3), 0, torch.tensor([0])), {}),
+    "index_select past dim 1 of a 2-d tensor (the CPU's fast path)": (torch.index_select,
+                                                                       (torch.zeros(1, 1), 1, torch.tensor([0, 1])), {}),
+    "index_select past dim -1 of a 2-d tensor": (torch.index_select, (torch.zeros(2, 3), -1, torch.tensor([5])), {}),
+    "index_select below 0 along dim 1 of a 3-d tensor": (torch.index_select,
+                                                         (torch.zeros(2, 3, 4), 1, torch.tensor([-1])), {}),
+    "index_select past dim 0 of a 2-d tensor": (torch.index_select, (torch.zeros(2, 3), 0, torch.tensor([5])), {}),
+    "index_select past the end of a 1-d tensor": (torch.index_select, (torch.zeros(3), 0, torch.tensor([5])), {}),
     "index_copy": (torch.index_copy, (x34, 0, torch.tensor([0, 2]), torch.randn(2, 4)), {}),
     "index_copy with a 2-d index": (torch.index_copy, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
     "index_copy of a 0-dim source at two places": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.tensor(1.0)),
@@ -74,6 +90,15 @@ CASES = {
     "bitwise_and of floats": (torch.bitwise_and, (torch.randn(3), torch.randn(3)), {}),
     "relu of bools": (torch.relu, (torch.tensor([True]),), {}),
     "sign of complex numbers": (torch.sign, (torch.randn(3, dtype=torch.complex64),), {}),
+    # sizes are checked before the kernel's dtypes
+    "atan2 of complex numbers of unequal sizes": (torch.atan2, (torch.arange(3), torch.randn(2, dtype=torch.complex64)),
+                                                  {}),
+    "lerp of ints of unequal sizes": (torch.lerp, (torch.arange(2), torch.arange(3), 0.25), {}),
+    "addcmul of bools of unequal sizes": (torch.addcmul, (torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
+                                                          torch.zeros(3, dtype=torch.bool)), dict(value=0.5)),
+    "bitwise_and of floats of unequal sizes": (torch.bitwise_and, (torch.randn(2, 2), torch.randn(2, 3)), {}),
+    "hypot of complex numbers by floats of unequal sizes": (torch.hypot, (torch.randn(3, dtype=torch.complex64),
+                                                                          torch.randn(2)), {}),
     "abs of an empty bool tensor": (torch.abs, (torch.zeros(0, dtype=torch.bool),), {}),
     "bitwise_and of ints": (torch.bitwise_and, (torch.arange(3), torch.arange(3)), {}),
     "nan_to_num_ of complex numbers": ("nan_to_num_", (torch.randn(3, dtype=torch.complex64),), {}),
@@ -133,3 +158,31 @@ def test_copy_of_a_tensor_into_itself_writes_nothing_and_is_not_refused():
     fxprop.testing.assert_matches_real(torch.fx.GraphModule(torch.nn.Module(), graph), torch.zeros(1, 4))
     base = torch.zeros(1, 4)
     base.expand(3, 4).copy_(base.expand(3, 4))  # real execution agrees: two views alike, one memory
+
+
+def _refusal_of_real_and_fxprop(fn, *inputs):
+    gm = torch.fx.symbolic_trace(fn)
+    with pytest.raises(Exception) as real:
+        fn(*inputs)
+    with pytest.raises(fxprop.PropagationError) as ours:
+        fxprop.propagate(gm, *inputs)
+    return real.value, ours.value
+
+
+def test_index_select_with_an_arange_index_refuses_as_the_cpu_kernel_does():
+    real, ours = _refusal_of_real_and_fxprop(lambda x: torch.index_select(x, 1, torch.arange(2)),
+                                             torch.zeros(1, 1, dtype=torch.int64))
+    assert ours.refuses_like(real) and ours.error_type is RuntimeError, ours
+
+
+def test_host_stand_ins_for_an_index_stay_in_range():
+    """The host is asked whether its kernel takes complex values; the stand-in index must not
+    itself be refused (an index of one into a dim of size one)."""
+    gm = torch.fx.symbolic_trace(lambda x: x[..., torch.arange(1)])
+    fxprop.testing.assert_matches_real(gm, torch.randn(1, dtype=torch.complex64))
+
+
+def test_copy_of_an_expanded_input_into_a_view_of_itself_writes_nothing():
+    gm = torch.fx.symbolic_trace(lambda x: x.copy_(torch.squeeze(x)))
+    fxprop.testing.assert_matches_real(gm, torch.zeros(1).expand(2))
+    fxprop.propagate(gm, fxprop.TensorSpec((2,), stride=(0,)))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fxprop
+import fxprop.testing
 from fxprop.testing import check_rule
 
 
@@ -69,6 +70,21 @@ def test_propagating_leaves_another_threads_random_numbers_alone():
         stop.set()
         worker.join()
     assert drawn == expected
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.rand_like(x), lambda x: torch.randn_like(x), lambda x: torch.bernoulli(x.real.sigmoid()),
+                                lambda x: torch.nn.functional.dropout(x, 0.5)],
+                         ids=["rand_like", "randn_like", "bernoulli", "dropout"])
+def test_random_ops_of_rarely_implemented_dtypes_never_draw_from_the_global_generator(fn):
+    """The host is asked which dtypes a kernel implements (complex here, with grad); a random op
+    never is, since it would draw from the process's generator."""
+    gm = torch.fx.symbolic_trace(fn)
+    spec = fxprop.TensorSpec((2, 3), dtype=torch.complex64, requires_grad=True)
+    with fxprop.testing.assert_no_side_effects(gm, spec):
+        try:
+            fxprop.propagate(gm, spec)
+        except fxprop.PropagationError:
+            pass  # refused as real execution may be; what matters is the generator
 
 
 def test_a_rule_is_found_for_a_function_torch_rewraps_at_run_time():
@@ -154,6 +170,55 @@ def test_questions_about_values_refuse_like_real_execution():
 def test_item_of_a_computed_tensor_is_a_symbol():
     gm = torch.fx.symbolic_trace(lambda x: torch.nonzero(x).sum().item())
     assert isinstance(fxprop.propagate(gm, torch.randn(4)), torch.SymInt)
+
+
+def test_a_real_input_written_in_place_has_no_known_values_after():
+    def f(x):
+        before = x.item()
+        x.add_(1)
+        return before, x.item(), x.view(1).tolist()
+
+    before, after, listed = fxprop.propagate(torch.fx.symbolic_trace(f), torch.tensor(3))
+    assert before == 3 and isinstance(after, torch.SymInt) and isinstance(listed[0], torch.SymInt)
+
+    def through_a_view(x):
+        x[0].mul_(2)
+        return x.tolist()
+    assert all(isinstance(v, torch.SymInt)
+               for v in fxprop.propagate(torch.fx.symbolic_trace(through_a_view), torch.tensor([1, 2])))
+
+
+def _graph_reading_a_buffer(*steps):
+    """A graph over a module with the buffer ``n`` = tensor(3): ``steps`` are (op, target, args)
+    where an arg "n" is a fresh get_attr of the buffer and "x" the input."""
+    root = torch.nn.Module()
+    root.register_buffer("n", torch.tensor(3))
+    root.register_buffer("index", torch.tensor([0, 4]))
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    results = []
+    for op, target, args in steps:
+        args = tuple(graph.get_attr(a) if a in ("n", "index") else x if a == "x" else a for a in args)
+        results.append(graph.create_node(op, target, args))
+    graph.output(tuple(results))
+    return root, torch.fx.GraphModule(root, graph)
+
+
+def test_a_constant_buffers_values_are_known_until_the_graph_writes_it():
+    root, gm = _graph_reading_a_buffer(("call_method", "item", ("n",)), ("call_method", "add_", ("n", 1)),
+                                       ("call_method", "item", ("n",)))
+    first, _, second = fxprop.propagate(gm, torch.randn(2))
+    assert first == 3 and isinstance(second, torch.SymInt) and root.n.item() == 3
+
+
+def test_an_index_held_by_the_module_is_checked_like_real_execution():
+    _, gm = _graph_reading_a_buffer(("call_function", torch.index_select, ("x", 0, "index")),)
+    with pytest.raises(IndexError):
+        gm(torch.randn(3))
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, torch.randn(3))
+    assert caught.value.error_type is IndexError
+    assert fxprop.propagate(gm, torch.randn(5))[0].shape == (2,)
 
 
 # --- semantics -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import torch
 from .. import symbolic
 from ..blame import boundary
 from ..errors import FallbackLimitError, PropagationError
+from ..known_values import KnownValues
 from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, pytree, schema_of
 
 _KERNELS_FOR_EVERY_DEVICE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
@@ -36,10 +37,10 @@ def storage_bytes(tensor: torch.Tensor) -> int:
     return int(extent) * tensor.element_size()
 
 
-def materialize(meta: torch.Tensor, real_values: dict[int, torch.Tensor],
+def materialize(meta: torch.Tensor, real_values: KnownValues,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """A host tensor standing in for ``meta``: its known values, else synthesized ones."""
-    known = real_values.get(id(meta))
+    known = real_values.get(meta)
     if known is not None:
         return known.detach().to("cpu", copy=True)
     extent = storage_bytes(meta) // max(meta.element_size(), 1)
@@ -93,7 +94,7 @@ def _call(op: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
-                real_values: dict[int, torch.Tensor]) -> tuple[Any, int]:
+                real_values: KnownValues) -> tuple[Any, int]:
     """Run ``op`` on host tensors standing in for the meta ones; return meta results and bytes used."""
     flat, spec = pytree.tree_flatten((args, kwargs))
     metas = [(i, value) for i, value in enumerate(flat) if isinstance(value, torch.Tensor) and value.device.type == "meta"]
@@ -112,7 +113,7 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
                    and not any(t is real_flat[i] for i, _ in metas))
     if needed + produced > limit_bytes:
         raise _over_limit(op, needed + produced, limit_bytes, "its inputs and outputs")
-    exact = all(id(value) in real_values for _, value in metas)
+    exact = all(value in real_values for _, value in metas)
     aliases = {id(real_flat[i]): value for i, value in metas}
     meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)
     return meta_result, needed + produced

@@ -89,7 +89,7 @@ def repeat_interleave(repeats: torch.Tensor, *, output_size: int | None = None) 
 def known_values(tensor: torch.Tensor) -> torch.Tensor | None:
     """The values of a tensor the user passed in for real (small integer tensors), else None."""
     session = context.current_session()
-    return session.real_values.get(id(tensor)) if session is not None else None
+    return session.real_values.get(tensor) if session is not None else None
 
 
 @rule(aten._local_scalar_dense.default, aten.item.default)

@@ -9,6 +9,7 @@ import torch
 
 from .. import context
 from ..in_place import scalar_type_name
+from ..index_values import index_select_range_check
 from ..registry import rule
 from ..torch_compat import check, check_index, meta_index_tensor
 from .data_dependent import known_values, nonzero
@@ -32,7 +33,7 @@ def index_select(self, dim, index):
         check(size > 0, lambda: "index_select(): self indexing axis dim should be positive")
         with context.on_host():
             in_range = bool(((values >= 0) & (values < size)).all())
-        check_index(in_range, lambda: "index out of range in self")
+        index_select_range_check(self, dim)(in_range, lambda: "index out of range in self")
     return aten.index_select.default(self, dim, index)
 
 

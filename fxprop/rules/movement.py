@@ -1,4 +1,4 @@
-"""Ops that move elements to new positions: roll, and joining tensors (cat)."""
+"""Ops that move elements to new positions: roll, and joining tensors (cat, stack)."""
 from __future__ import annotations
 
 import torch
@@ -17,6 +17,19 @@ def cat(tensors, dim=0):
     for position, tensor in enumerate(tensors):
         check(tensor.dim() != 0, lambda: f"zero-dimensional tensor (at position {position}) cannot be concatenated")
     return aten.cat.default(tensors, dim)
+
+
+@rule(aten.stack.default)
+def stack(tensors, dim=0):
+    """Corrects aten.stack's meta kernel, which wraps ``dim`` by each tensor's own rank: real
+    kernels wrap it by the first tensor's rank plus one, then refuse tensors of unequal sizes."""
+    if tensors:
+        canonicalize_dim(tensors[0].dim() + 1, dim)
+        first = tensors[0].shape
+        for position, tensor in enumerate(tensors[1:], start=1):
+            check(tensor.shape == first, lambda: f"stack expects each tensor to be equal size, but got "
+                                                 f"{list(first)} at entry 0 and {list(tensor.shape)} at entry {position}")
+    return aten.stack.default(tensors, dim)
 
 
 @rule(aten.roll.default)

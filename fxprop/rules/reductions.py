@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..in_place import scalar_type_name
 from ..registry import rule
 from ..torch_compat import canonicalize_dim, check, check_index
 
@@ -61,6 +62,17 @@ for _op, _name in [(aten.amax.default, "amax():"), (aten.amin.default, "amin():"
     _reduction_over_nonempty_dims(_op, _name)
 for _op, _name in [(aten.argmax.default, "argmax():"), (aten.argmin.default, "argmin():")]:
     _reduction_over_nonempty_dims(_op, _name, needs_dim=True)
+
+
+@rule(aten.mean.dim)
+def mean(self, dim, keepdim=False, *, dtype=None):
+    """Corrects aten.mean.dim's meta kernel, which checks ``dim`` first: real kernels first refuse
+    a result dtype that is not floating point or complex (an integer input's, or ``dtype``'s)."""
+    result_dtype = dtype if dtype is not None else self.dtype
+    check(result_dtype.is_floating_point or result_dtype.is_complex,
+          lambda: f"mean(): could not infer output dtype. {'Input' if dtype is None else 'Optional'} dtype must be "
+                  f"either a floating point or complex dtype. Got: {scalar_type_name(result_dtype)}")
+    return aten.mean.dim(self, dim, keepdim, dtype=dtype)
 
 
 def _softmax_checking_dim(op):
