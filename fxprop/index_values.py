@@ -83,10 +83,10 @@ def _is_zero(count: Any) -> bool:
 
 
 def index_select_range_check(source: torch.Tensor, dim: int) -> Callable:
-    """How index_select's CPU kernel refuses an index out of range: its fast path for dim 1 of a
-    non-empty tensor of two or more dims checks with a RuntimeError ("INDICES element is out of
-    DATA bounds"), every other path with an IndexError."""
-    if source.dim() > 1 and dim % source.dim() == 1 and not _is_zero(source.numel()):
+    """How index_select's CPU kernel refuses an index out of range, for a tensor of two or more
+    dims: along dim 1, or anywhere in an empty tensor, with a RuntimeError ("INDICES element is out
+    of DATA bounds"); every other path with an IndexError."""
+    if source.dim() > 1 and (dim % source.dim() == 1 or _is_zero(source.numel())):
         return check
     return check_index
 
@@ -94,8 +94,8 @@ def index_select_range_check(source: torch.Tensor, dim: int) -> Callable:
 def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowed: bool,
                  selects: bool = False, range_check: Callable = check_index) -> None:
     """Every value of ``index`` addresses one of ``size`` entries; an empty index addresses none.
-    ``selects``: index_select (and embedding, which calls it) refuses an empty dim first, with a
-    RuntimeError; ``range_check`` raises for values out of range."""
+    ``selects``: index_select of a tensor of two or more dims (and embedding, which calls it)
+    refuses an empty dim first, with a RuntimeError; ``range_check`` raises for values out of range."""
     count = index.numel()
     if not (statically_known_true(count >= 1) if isinstance(count, torch.SymInt) else count >= 1):
         return  # no index, nothing addressed
@@ -134,11 +134,12 @@ class IndexValues:
         return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
 
     def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
-        def selected(position: int, name: str, size: Any, range_check: Callable = check_index) -> None:
+        def selected(position: int, name: str, size: Any, range_check: Callable = check_index,
+                     empty_dim_first: bool = True) -> None:
             in_node = node.args[position] if position < len(node.args) else node.kwargs.get(name)
             bounds = self.known(in_node)
             if bounds is not None:
-                _check_index(bounds, _arg(args, kwargs, position, name), size, False, selects=True,
+                _check_index(bounds, _arg(args, kwargs, position, name), size, False, selects=empty_dim_first,
                              range_check=range_check)
 
         if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
@@ -149,7 +150,8 @@ class IndexValues:
             selected(1, "indices", args[0].shape[0])
         elif target in (torch.index_select, "index_select", aten.index_select.default):
             source, dim = args[0], _arg(args, kwargs, 1, "dim")
-            selected(2, "index", source.shape[dim] if source.dim() else 1, index_select_range_check(source, dim))
+            selected(2, "index", source.shape[dim] if source.dim() else 1, index_select_range_check(source, dim),
+                     empty_dim_first=source.dim() > 1)
         elif target in (operator.getitem, aten.index.Tensor) and isinstance(args[0], torch.Tensor) \
                 and len(node.args) > 1:
             if target is operator.getitem:

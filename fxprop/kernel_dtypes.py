@@ -59,12 +59,15 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
     """Where a meta kernel or decomposition refuses a CPU call, raise instead as the CPU kernel
-    refuses these dtypes, if it does (``layer_norm`` of ints: the decomposition's RuntimeError, the
-    kernel's NotImplementedError). Asked only once the call is refused, of any op."""
+    refuses it, on stand-ins of the same sizes and dtypes (``layer_norm`` of ints: the
+    decomposition's RuntimeError, the kernel's NotImplementedError; ``avg_pool2d`` of a 0-dim
+    uint8 tensor: the meta kernel's dtype check, the kernel's IndexError for the dims). The
+    call is refused for its sizes or dtypes, which the kernel checks before any value, so the
+    stand-ins' values do not decide the kernel's refusal. Asked only once the call is refused."""
     if "out" in kwargs or op.namespace != "aten":
         return
     try:
-        _check(op, args, kwargs, full_size=True)
+        _check(op, args, kwargs, full_size=True, any_refusal=True)
     except PropagationError as host_refusal:
         if host_refusal.error_type is not type(refusal):
             raise host_refusal from refusal
@@ -86,7 +89,7 @@ def check_cpu_kernel_before_complex_autograd(op: OpOverload, args: tuple, kwargs
 _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this
 
 
-def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -> None:
+def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, any_refusal: bool = False) -> None:
     device = context.node_device()
     if (device is not None and device.type != "cpu") or torch.Tag.nondeterministic_seeded in op.tags:
         return  # a random op would draw from the global generator
@@ -98,7 +101,7 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -
         return
     shape_of = (lambda t: tuple(t.shape)) if full_size else _stand_in_shape
     try:
-        key = (op, spec, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
+        key = (op, spec, any_refusal, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
                                for v in flat))
         hash(key)
     except TypeError:
@@ -107,7 +110,7 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -
         known = key in _answers
         refusal = _answers.get(key)
     if not known:
-        refusal = _ask_the_host(op, flat, spec, shape_of)
+        refusal = _ask_the_host(op, flat, spec, shape_of, any_refusal)
         with _lock:
             if len(_answers) >= _ANSWER_LIMIT:
                 _answers.pop(next(iter(_answers)))
@@ -117,7 +120,7 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False) -
         raise PropagationError(message, error_type=error_type)
 
 
-def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> tuple[type, str] | None:
+def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any, any_refusal: bool) -> tuple[type, str] | None:
     def stand_in(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
@@ -134,7 +137,8 @@ def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> tuple
             op(*args, **kwargs)
         except Exception as error:  # only a refusal of the dtypes is the node's; the stand-ins' values may be refused
             if isinstance(error, NotImplementedError) or (isinstance(error, (RuntimeError, TypeError))
-                                                          and _about_dtypes(str(error))):
+                                                          and _about_dtypes(str(error))) or (
+                    any_refusal and isinstance(error, (RuntimeError, IndexError, ValueError, TypeError))):
                 return type(error), str(error).split("\n")[0]
     return None
 

@@ -305,6 +305,7 @@ class SymbolicSession:
         self._hints: dict[str, int] = {}  # a new backed symbol's example value, by user name
         self._bound: dict[str, list] = {}  # node name -> the unbacked symbols its call created
         self._made: set = set()  # the backed symbols `_backed_symint` made
+        self._assumed_before: tuple[int, set] = (0, set())  # guards and asserts the ShapeEnv held before
 
     def start(self):
         if self is _INACTIVE:
@@ -325,6 +326,9 @@ class SymbolicSession:
         if self.env is not None:
             raise InputError("inputs carry symbols of two different ShapeEnvs; fxprop computes in one")
         self.env, self.active, self._fake_mode = shape_env, True, fake_mode
+        # What the caller's ShapeEnv had assumed before: not this propagation's assumptions.
+        self._assumed_before = (len(shape_env.guards), {id(a) for asserts in shape_env.deferred_runtime_asserts.values()
+                                                        for a in asserts})
         _SESSIONS[shape_env] = self
         for symbol, bounds in shape_env.var_to_range.items():
             lower, upper = bounds.lower, bounds.upper
@@ -507,8 +511,10 @@ class SymbolicSession:
         if self.env is None:
             return []
         found: list = []
-        raw = [a.expr for asserts in self.env.deferred_runtime_asserts.values() for a in asserts]
-        for expr in [*raw, *(guard.expr for guard in self.env.guards)]:
+        guards_before, asserts_before = self._assumed_before
+        raw = [a.expr for asserts in self.env.deferred_runtime_asserts.values() for a in asserts
+               if id(a) not in asserts_before]
+        for expr in [*raw, *(guard.expr for guard in self.env.guards[guards_before:])]:
             relation = _small(_plain(expr).xreplace(self.to_user))
             if relation is not sympy.true and relation not in found:
                 found.append(relation)

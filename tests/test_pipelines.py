@@ -261,3 +261,20 @@ def test_the_cpu_attention_kernel_is_chosen_at_dynamos_example_sizes():
     with torch.no_grad():
         torch.compile(MaskedAttention(), backend=backend, dynamic=True)(torch.randn(2, 2, 16, 8))
     assert seen["differences"] == []
+
+
+def test_assumptions_in_dynamos_shape_env_are_only_what_propagation_added():
+    seen = {}
+
+    def backend(gm, example_inputs):
+        env = torch._guards.detect_fake_mode(example_inputs).shape_env
+        before = len(env.guards)
+        fxprop.propagate(gm, *example_inputs)
+        seen["listed"] = len(gm.meta["fxprop"]["assumptions"])
+        seen["added"] = len(env.guards) - before + sum(len(a) for a in env.deferred_runtime_asserts.values())
+        seen["held"] = before
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(Block(), backend=backend, dynamic=True)(torch.randn(4, 8), 3)
+    assert seen["held"] > 0 and seen["listed"] <= seen["added"]

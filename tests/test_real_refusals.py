@@ -42,6 +42,9 @@ CASES = {
     "max_pool2d of a 2-d tensor": (torch.nn.functional.max_pool2d, (torch.randn(2, 4), 1), {}),
     "max_pool2d of an empty 3-d tensor": (torch.nn.functional.max_pool2d, (torch.randn(0, 2, 4), 1), {}),
     "max_pool2d": (torch.nn.functional.max_pool2d, (torch.randn(1, 2, 4, 4), 2), {}),
+    # the meta kernel checks the dtype first, the CPU kernel the dims
+    "avg_pool2d of a 0-dim uint8 tensor": (torch.nn.functional.avg_pool2d, (torch.zeros((), dtype=torch.uint8), 2), {}),
+    "avg_pool2d of a 3-d uint8 tensor": (torch.nn.functional.avg_pool2d, (torch.zeros(1, 4, 4, dtype=torch.uint8), 2), {}),
     "add of integers with a float alpha": (torch.add, (torch.tensor(2), torch.tensor(2)), dict(alpha=0.5)),
     # python meta kernels that assert where ATen raises RuntimeError
     "t_ of a 3-d tensor": ("t_", (torch.randn(2, 3, 4),), {}),
@@ -186,3 +189,18 @@ def test_copy_of_an_expanded_input_into_a_view_of_itself_writes_nothing():
     gm = torch.fx.symbolic_trace(lambda x: x.copy_(torch.squeeze(x)))
     fxprop.testing.assert_matches_real(gm, torch.zeros(1).expand(2))
     fxprop.propagate(gm, fxprop.TensorSpec((2,), stride=(0,)))
+
+
+_SELECTED_SHAPES = [(0,), (3,), (), (1, 1, 0), (0, 3), (2, 0), (2, 3), (2, 3, 4), (0, 0), (1, 0, 2), (2, 0, 3)]
+
+
+@pytest.mark.parametrize("shape", _SELECTED_SHAPES, ids=str)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("index", [[0], [1], [5], [-1], [0, 1]], ids=str)
+def test_index_select_refuses_indices_as_each_cpu_path_does(shape, dim, index):
+    """Out-of-range indices are an IndexError or a RuntimeError, and an empty dim refused or not,
+    by which path of the CPU kernel the rank, the dim and emptiness pick."""
+    try:
+        check_rule(torch.index_select, torch.zeros(shape), dim, torch.tensor(index))
+    except fxprop.PropagationError as refusal:
+        assert not isinstance(refusal, fxprop.InternalError), refusal

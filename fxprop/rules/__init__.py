@@ -3,10 +3,11 @@
 | family | file |
 |---|---|
 | elementwise ops | `elementwise.py` |
-| reductions (max, min, median, mode, softmax) | `reductions.py` |
+| reductions (max, min, mean, median, mode, softmax) | `reductions.py` |
+| histograms | `histograms.py` |
 | sorting and searching (sort, bucketize) | `sorting.py` |
 | random sampling (multinomial, uniform) | `sampling.py` |
-| moving elements (roll) | `movement.py` |
+| moving and joining elements (roll, cat, stack) | `movement.py` |
 | matrix products | `linalg.py` |
 | indexing (index_select, index_add, boolean masks, masked_scatter) | `indexing.py` |
 | ops whose output sizes or values depend on the data | `data_dependent.py` |
@@ -23,8 +24,8 @@
 Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
 """
 from ..registry import registered_rules, rule, target_name, unregister
-from . import (attention, conv, data_dependent, elementwise, indexing, linalg, movement, normalization,  # noqa: F401
-               global_state, optimizers, pooling, recurrent, reductions, sampling, sorting, upsample)
+from . import (attention, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
+               normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting, upsample)
 from . import higher_order  # noqa: F401
 
 __all__ = ["registered_rules", "rule", "target_name", "unregister"]

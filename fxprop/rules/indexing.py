@@ -30,7 +30,7 @@ def index_select(self, dim, index):
     values = known_values(index)
     if values is not None and values.numel():
         size = self.size(dim) if self.dim() else 1
-        check(size > 0, lambda: "index_select(): self indexing axis dim should be positive")
+        check(self.dim() <= 1 or size > 0, lambda: "index_select(): self indexing axis dim should be positive")
         with context.on_host():
             in_range = bool(((values >= 0) & (values < size)).all())
         index_select_range_check(self, dim)(in_range, lambda: "index out of range in self")
