@@ -142,12 +142,15 @@ class IndexValues:
                 _check_index(bounds, _arg(args, kwargs, position, name), size, False, selects=empty_dim_first,
                              range_check=range_check)
 
+        # embedding is index_select of the weight's rows: the same CPU paths refuse it
         if isinstance(target, type) and issubclass(target, torch.nn.Embedding):
-            selected(0, "input", self._module(node).num_embeddings)
+            weight = self._module(node).weight
+            selected(0, "input", weight.shape[0], index_select_range_check(weight, 0))
         elif target in (torch.nn.functional.embedding,):
-            selected(0, "input", _arg(args, kwargs, 1, "weight").shape[0])
+            weight = _arg(args, kwargs, 1, "weight")
+            selected(0, "input", weight.shape[0], index_select_range_check(weight, 0))
         elif target is aten.embedding.default:
-            selected(1, "indices", args[0].shape[0])
+            selected(1, "indices", args[0].shape[0], index_select_range_check(args[0], 0))
         elif target in (torch.index_select, "index_select", aten.index_select.default):
             source, dim = args[0], _arg(args, kwargs, 1, "dim")
             selected(2, "index", source.shape[dim] if source.dim() else 1, index_select_range_check(source, dim),

@@ -204,3 +204,24 @@ def test_index_select_refuses_indices_as_each_cpu_path_does(shape, dim, index):
         check_rule(torch.index_select, torch.zeros(shape), dim, torch.tensor(index))
     except fxprop.PropagationError as refusal:
         assert not isinstance(refusal, fxprop.InternalError), refusal
+
+
+@pytest.mark.parametrize("weight_shape", [(2, 0), (2, 3), (0, 3)], ids=str)
+@pytest.mark.parametrize("count", [2, 3])
+def test_embedding_of_an_arange_refuses_as_index_select_of_its_rows_does(weight_shape, count):
+    graph = torch.fx.Graph()
+    weight = graph.placeholder("weight")
+    indices = graph.call_function(torch.arange, (count,))
+    graph.output(graph.call_function(F.embedding, (indices, weight)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    try:
+        gm(torch.zeros(weight_shape))
+        real = None
+    except Exception as error:
+        real = error
+    try:
+        fxprop.propagate(gm, fxprop.TensorSpec(weight_shape))
+    except fxprop.PropagationError as refusal:
+        assert real is not None and refusal.refuses_like(real), (real, refusal)
+    else:
+        assert real is None, real
