@@ -923,7 +923,11 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
     """The fuzzing property for one graph (see the module docstring)."""
     note(gm.code)
     note(repr(recipes))
-    real = run_real_until_error(gm, *[recipe.make() for recipe in recipes])
+    real_inputs = [recipe.make() for recipe in recipes]
+    versions = [t._version if isinstance(t, torch.Tensor) else None for t in real_inputs]
+    real = run_real_until_error(gm, *real_inputs)
+    written = {node for node, tensor, version in zip(placeholders(gm), real_inputs, versions)
+               if isinstance(tensor, torch.Tensor) and tensor._version != version}
     inputs = [recipe.for_fxprop() for recipe in recipes]
     code = gm.code
     start = time.process_time()  # CPU seconds: a starved process is slow, not hung
@@ -947,8 +951,9 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
         assert all("fxprop" not in node.meta for node in gm.graph.nodes), "a failed propagate wrote metadata"
     except fxprop.DataDependentError as error:
         # Honest only where the graph reads a value fxprop was not given: .item() of an input
-        # passed as a spec, upstream of the node that needed it.
-        unknown = {node for node, recipe in zip(placeholders(gm), recipes) if recipe.as_spec}
+        # passed as a spec, or of one the graph wrote in place (its values end at the write),
+        # upstream of the node that needed it.
+        unknown = {node for node, recipe in zip(placeholders(gm), recipes) if recipe.as_spec} | written
         reads = [node for node in gm.graph.nodes if node.op == "call_method" and node.target in ("item", "tolist")
                  and node.args[0] in unknown]
         assert reads, f"fxprop says the answer depends on data the graph has:\n{error}"
