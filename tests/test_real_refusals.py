@@ -28,6 +28,7 @@ CASES = {
     "stack of unequal sizes": (torch.stack, ((torch.zeros(2), torch.zeros(3)),), {}),
     "stack past the new dim": (torch.stack, ((torch.zeros(2), torch.zeros(2)), 2), {}),
     "stack": (torch.stack, ((torch.zeros(2), torch.zeros(2)), -2), {}),
+    "combinations (a stack of data-dependent sizes)": (torch.combinations, (torch.randn(3),), dict(r=2)),
     "roll a 0-dim tensor along dim 0": (torch.roll, (torch.tensor(1.0), 1, 0), {}),
     "roll a 0-dim tensor": (torch.roll, (torch.tensor(1.0), 1), {}),
     "amax over an empty dim": (torch.amax, (torch.randn(0, 3), 0), {}),

@@ -27,8 +27,12 @@ def stack(tensors, dim=0):
         canonicalize_dim(tensors[0].dim() + 1, dim)
         first = tensors[0].shape
         for position, tensor in enumerate(tensors[1:], start=1):
-            check(tensor.shape == first, lambda: f"stack expects each tensor to be equal size, but got "
-                                                 f"{list(first)} at entry 0 and {list(tensor.shape)} at entry {position}")
+            def unequal() -> str:
+                return (f"stack expects each tensor to be equal size, but got {list(first)} at entry 0 and "
+                        f"{list(tensor.shape)} at entry {position}")
+            check(tensor.dim() == len(first), unequal)
+            for size, first_size in zip(tensor.shape, first):
+                check(size == first_size, unequal)  # symbolic sizes: an assumption, not a guard
     return aten.stack.default(tensors, dim)
 
 
