@@ -21,6 +21,7 @@ from .devices import META, merge_devices, tag
 from .devices.transfers import tensors_in
 from .errors import UnsupportedError
 from .kernel_dtypes import check_cpu_kernel_before_complex_autograd, check_cpu_kernel_dtypes, refusal_type_on_the_host
+from .in_place import written_arguments
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
 from .kinds.fallback import refuse_without_kernel_for, run_on_host
@@ -89,6 +90,10 @@ class RuleDispatch(TorchDispatchMode):
         return onto_meta(args), {key: onto_meta(value) for key, value in kwargs.items()}
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
+        known = self.session.real_values
+        if known and schema_of(func).is_mutable:
+            for written in written_arguments(func, args, kwargs):
+                known.forget_written(written)
         if kwargs.get("generator") is not None:
             # A generator decides values only. torch's python kernels refuse one, and the fallback
             # must not draw from the user's (it takes its own).
@@ -101,7 +106,7 @@ class RuleDispatch(TorchDispatchMode):
                 refusal_type_on_the_host(func, args, kwargs, refusal)
                 raise
             # The kernel's dtype dispatch comes after its shape and type checks, which the call passed.
-            check_cpu_kernel_dtypes(func, args, kwargs)
+            check_cpu_kernel_dtypes(func, args, kwargs, result)
             check_cpu_kernel_before_complex_autograd(func, args, kwargs, result)
             return result
         return self.run_kind(func, rule, args, kwargs)

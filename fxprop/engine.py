@@ -459,7 +459,7 @@ class GraphWalk:
         if isinstance(owner, torch.fx.GraphModule):
             return owner, _PLAIN_ATTRIBUTE  # a subgraph (a higher-order op's body): walked, never run, so not shadowed
         value = self.propagation.state.value(owner)
-        if isinstance(owner, torch.Tensor) and values_worth_knowing(owner):
+        if isinstance(owner, torch.Tensor) and values_worth_knowing(owner) and self.propagation.state.unwritten(value):
             self.propagation.session.real_values.remember(value, owner)  # a constant: its values are the module's
         return value, _PLAIN_ATTRIBUTE
 

@@ -71,13 +71,13 @@ def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> Non
         return  # copy_ returns before it looks: nothing to write
     if op is aten.conj_physical_.default and args and not args[0].is_complex():
         return  # the conjugate of a real tensor is the tensor: nothing is written
-    for tensor in _written(op, args, kwargs):
+    for tensor in written_arguments(op, args, kwargs):
         check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
               lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
                       "memory location. Please clone() the tensor before performing the operation.")
 
 
-def _written(op: OpOverload, args: tuple, kwargs: dict) -> list:
+def written_arguments(op: OpOverload, args: tuple, kwargs: dict) -> list:
     """The tensors the op writes into, by its schema: ``self`` of an in-place op, ``out`` and the
     other out arguments (frexp's ``mantissa`` and ``exponent``)."""
     written = []

@@ -19,6 +19,7 @@ on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -46,15 +47,17 @@ _RARELY_IMPLEMENTED = frozenset({torch.complex32, torch.complex64, torch.complex
                                  torch.float8_e5m2fnuz, torch.float8_e8m0fnu})
 
 
-def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    """Raise as the CPU kernel would when it has no implementation for these dtypes."""
+def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: Any = None) -> None:
+    """Raise as the CPU kernel would when it has no implementation for these dtypes (``result``:
+    what the meta kernel made of the call; the host is not asked for outputs over the limit)."""
     if "out" in kwargs:
         return
     if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
         _check(op, args, kwargs)
     elif op.namespace == "aten" and any(
             isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
-        _check(op, args, kwargs, full_size=True)
+        if not _too_big_to_ask(args, kwargs, result):
+            _check(op, args, kwargs, full_size=True)
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
@@ -64,7 +67,7 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
     uint8 tensor: the meta kernel's dtype check, the kernel's IndexError for the dims). The
     call is refused for its sizes or dtypes, which the kernel checks before any value, so the
     stand-ins' values do not decide the kernel's refusal. Asked only once the call is refused."""
-    if "out" in kwargs or op.namespace != "aten":
+    if "out" in kwargs or op.namespace != "aten" or _too_big_to_ask(args, kwargs, None):
         return
     try:
         _check(op, args, kwargs, full_size=True, any_refusal=True)
@@ -82,11 +85,23 @@ def check_cpu_kernel_before_complex_autograd(op: OpOverload, args: tuple, kwargs
     flat_args = pytree.tree_leaves((args, kwargs))
     if not any(isinstance(v, torch.Tensor) and v.requires_grad for v in flat_args):
         return
-    if any(isinstance(v, torch.Tensor) and v.is_complex() for v in pytree.tree_leaves(result)):
+    if any(isinstance(v, torch.Tensor) and v.is_complex() for v in pytree.tree_leaves(result)) and \
+            not _too_big_to_ask(args, kwargs, result):
         _check(op, args, kwargs, full_size=True)
 
 
 _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this
+
+
+def _too_big_to_ask(args: tuple, kwargs: dict, result: Any) -> bool:
+    """Whether asking the host on the call's own sizes could allocate past the limit: outputs the
+    meta kernel sized, or sizes given as numbers (a factory's), over it."""
+    leaves = pytree.tree_leaves((args, kwargs, result))
+    if any(isinstance(v, torch.Tensor) and not symbolic.has_symbolic([v]) and v.numel() > _FULL_SIZE_LIMIT
+           for v in leaves):
+        return True
+    sizes = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
+    return math.prod(s for s in sizes if s > 0) > _FULL_SIZE_LIMIT
 
 
 def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, any_refusal: bool = False) -> None:

@@ -3,8 +3,10 @@
 A meta tensor stands for a real one whose values are known (small integer tensors, 0-dim
 numbers): rules read them to check indices and answer ``.item()``. A known value holds only
 while the tensor is unchanged: an in-place op on it, or on a view of it, bumps the version
-counter it shares with its views, and from then on its values are not known (a later
-``.item()`` is a symbol, not the stale number).
+counter it shares with its views, and any op that writes a tensor sharing its storage (a
+``.data`` view, a library op's ``Tensor(a!)`` argument) forgets it; from then on its values are
+not known (a later ``.item()`` is a symbol, not the stale number). Real tensors given that share
+a storage are not known at all: a write through one would change the other.
 """
 from __future__ import annotations
 
@@ -12,13 +14,19 @@ from typing import NamedTuple
 
 import torch
 
-from .torch_compat import version_counter
+from .torch_compat import storage_key, version_counter
 
 
 class _Known(NamedTuple):
     meta: torch.Tensor   # kept, so that its id is not reused by another tensor while the run lasts
     real: torch.Tensor
     version: int
+    real_storage: int
+
+
+def _forgotten(entry: _Known) -> _Known:
+    """The entry with a version no tensor has: its values are not known any more."""
+    return _Known(entry.meta, entry.real, -1, entry.real_storage)
 
 
 class KnownValues:
@@ -29,8 +37,20 @@ class KnownValues:
         """``meta`` stands for ``real`` as it is now (the first time it is told: a constant read
         again after the graph wrote it is not the value it had)."""
         entry = self._entries.get(id(meta))
-        if entry is None or entry.meta is not meta:
-            self._entries[id(meta)] = _Known(meta, real, version_counter(meta))
+        if entry is not None and entry.meta is meta:
+            return
+        shared = storage_key(real)
+        aliased = [key for key, other in self._entries.items() if other.real_storage == shared]
+        for key in aliased:
+            self._entries[key] = _forgotten(self._entries[key])
+        self._entries[id(meta)] = _Known(meta, real, -1 if aliased else version_counter(meta), shared)
+
+    def forget_written(self, written: torch.Tensor) -> None:
+        """An op writes ``written``: nothing sharing its storage is known any more."""
+        key = storage_key(written)
+        for entry_key, entry in list(self._entries.items()):
+            if storage_key(entry.meta) == key:
+                self._entries[entry_key] = _forgotten(entry)
 
     def get(self, meta: torch.Tensor) -> torch.Tensor | None:
         """The real values ``meta`` stands for, unless it has been written since."""

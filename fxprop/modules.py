@@ -25,7 +25,7 @@ from torch import nn
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
 from .specs import meta_like
-from .torch_compat import own_state
+from .torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
 
@@ -37,6 +37,7 @@ class StateView:
         self._shadows: dict[int, nn.Module] = {}
         self._signatures: dict[int, Hashable] = {}
         self._copies: dict[int, Any] = {}
+        self._versions_made: dict[int, int] = {}
         self._keepalive: list[Any] = []
 
     def device_of_state(self, tensor: torch.Tensor) -> torch.device:
@@ -54,8 +55,14 @@ class StateView:
             else:
                 meta.requires_grad_(real.requires_grad)
             self._tensors[id(real)] = found = meta
+            self._versions_made[id(meta)] = version_counter(meta)
             self._keepalive.append(real)
         return found
+
+    def unwritten(self, meta: torch.Tensor) -> bool:
+        """Whether nothing has written this stand-in since it was made (a module's own update of
+        its buffer has, and the user's real buffer no longer holds its values)."""
+        return self._versions_made.get(id(meta)) == version_counter(meta)
 
     def value(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):

@@ -188,6 +188,50 @@ def test_a_real_input_written_in_place_has_no_known_values_after():
                for v in fxprop.propagate(torch.fx.symbolic_trace(through_a_view), torch.tensor([1, 2])))
 
 
+def test_a_write_through_data_or_a_shared_storage_ends_known_values():
+    def through_data(a):
+        a.data.add_(5)
+        return a.tolist()
+
+    def through_another_input(a, b):
+        a.add_(5)
+        return b.tolist()
+
+    assert all(isinstance(v, torch.SymInt) for v in fxprop.propagate(torch.fx.symbolic_trace(through_data),
+                                                                    torch.tensor([1, 2])))
+    x = torch.tensor([1, 2, 3])
+    gm = torch.fx.symbolic_trace(through_another_input)
+    assert all(isinstance(v, torch.SymInt) for v in fxprop.propagate(gm, x, x))
+    assert all(isinstance(v, torch.SymInt) for v in fxprop.propagate(gm, x, x[1:]))
+
+
+def test_a_buffer_a_module_updated_before_it_is_read_has_no_known_value():
+    root = torch.nn.Module()
+    root.bn = torch.nn.BatchNorm1d(3)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_module("bn", (x,))
+    count = graph.call_method("item", (graph.get_attr("bn.num_batches_tracked"),))
+    graph.output(count)
+    value = fxprop.propagate(torch.fx.GraphModule(root, graph), torch.randn(4, 3))
+    assert isinstance(value, torch.SymInt) and root.bn.num_batches_tracked.item() == 0
+
+
+def test_asking_the_host_about_a_rare_dtype_never_makes_a_large_output():
+    """In a fresh process, whose peak memory is its own: 512 MiB if the host made the output."""
+    import subprocess
+    import sys
+    script = ("import resource, torch, fxprop\n"
+              "gm = torch.fx.symbolic_trace(lambda x: x.new_zeros(8192, 8192))\n"
+              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              "out = fxprop.propagate(gm, fxprop.TensorSpec((1,), dtype=torch.complex64), fallback_limit_bytes=0)\n"
+              "assert out.shape == (8192, 8192)\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) < 256 * 1024, f"grew by {done.stdout.split()[-1]} KiB"
+
+
 def _graph_reading_a_buffer(*steps):
     """A graph over a module with the buffer ``n`` = tensor(3): ``steps`` are (op, target, args)
     where an arg "n" is a fresh get_attr of the buffer and "x" the input."""
