@@ -20,7 +20,7 @@ from . import context
 from .devices import META, merge_devices, tag
 from .devices.transfers import tensors_in
 from .errors import UnsupportedError
-from .kernel_dtypes import check_cpu_kernel_before_complex_autograd, check_cpu_kernel_dtypes, refusal_type_on_the_host
+from .kernel_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from .in_place import written_arguments
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
@@ -107,7 +107,6 @@ class RuleDispatch(TorchDispatchMode):
                 raise
             # The kernel's dtype dispatch comes after its shape and type checks, which the call passed.
             check_cpu_kernel_dtypes(func, args, kwargs, result)
-            check_cpu_kernel_before_complex_autograd(func, args, kwargs, result)
             return result
         return self.run_kind(func, rule, args, kwargs)
 

@@ -76,20 +76,6 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
             raise host_refusal from refusal
 
 
-def check_cpu_kernel_before_complex_autograd(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> None:
-    """A complex result that requires grad may be refused by autograd once the kernel has run
-    ("does not support automatic differentiation for outputs with complex dtype"); on the host the
-    kernel runs first, and its own refusal of the dtypes is the one raised (softmax of complex)."""
-    if "out" in kwargs or op.namespace != "aten" or not torch.is_grad_enabled():
-        return
-    flat_args = pytree.tree_leaves((args, kwargs))
-    if not any(isinstance(v, torch.Tensor) and v.requires_grad for v in flat_args):
-        return
-    if any(isinstance(v, torch.Tensor) and v.is_complex() for v in pytree.tree_leaves(result)) and \
-            not _too_big_to_ask(args, kwargs, result):
-        _check(op, args, kwargs, full_size=True)
-
-
 _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this
 
 
