@@ -24,6 +24,11 @@ class _Known(NamedTuple):
     real_storage: int
 
 
+def has_no_values(tensor: torch.Tensor) -> bool:
+    """An empty tensor of concrete sizes: there is nothing about its values not to know."""
+    return not any(isinstance(size, torch.SymInt) for size in tensor.shape) and tensor.numel() == 0
+
+
 def _forgotten(entry: _Known) -> _Known:
     """The entry with a version no tensor has: its values are not known any more."""
     return _Known(entry.meta, entry.real, -1, entry.real_storage)

@@ -27,6 +27,7 @@ The engine, fxprop's dispatch mode and the coverage report all call `resolve`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 
 import threading
@@ -38,11 +39,12 @@ import torch
 from . import context, registry, symbolic
 from .devices import TRANSFERS, Placement, place
 from .devices.transfers import tensors_in
+from .known_values import has_no_values
 from .kinds import Kind, Rule
 from .registry import target_name
 from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, registered_fake,
-                           schema_of)
+                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, pytree,
+                           registered_fake, schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
@@ -75,7 +77,7 @@ def resolve(target: Any, args: tuple | None = None, kwargs: dict | None = None, 
     rule = static_rule(target)
     if rule.kind is Kind.PYTHON and target in in_progress:
         rule = _after_python_rule(target)
-    return rule if args is None else _for_values(target, rule, args, kwargs or {})
+    return rule if args is None else _for_values(target, rule, args, kwargs or {}, context.node_device())
 
 
 def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = None) -> Resolution:
@@ -94,7 +96,7 @@ def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = N
         placement = place(target, args, kwargs)
         if placement.has_host_value:
             return Resolution(Rule(Kind.DEVICE, placement.rule, device_rule=placement.rule), placement)
-    resolved = _for_values(target, rule, args, kwargs)
+    resolved = _for_values(target, rule, args, kwargs, placement.device if placement is not None else None)
     placed_by = placement.rule if placement is not None and placement.transfer else None
     if isinstance(target, OpOverload) and not schema_of(target).returns:
         placed_by = None  # an op that returns nothing places nothing (_assert_tensor_metadata)
@@ -185,7 +187,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
         return _fallback_or_unsupported(op, label, device_rule, why="a custom op with no fake implementation")
     if has(name, "Meta"):
         label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
-        return Rule(Kind.META, label, device_rule=device_rule)
+        return Rule(Kind.META, label, kinds=_or_on_the_host_when_empty(op, Kind.META), device_rule=device_rule)
     if has(name, "CompositeImplicitAutograd"):
         return Rule(Kind.META, f"{label} (composite)", kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
     if torch.Tag.dynamic_output_shape in op.tags:
@@ -198,7 +200,8 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
                         composite=True)
     decomposition = decomposition_table.get(op)
     if decomposition is not None:
-        return Rule(Kind.DECOMPOSITION, label, decomposition, device_rule=device_rule)
+        return Rule(Kind.DECOMPOSITION, label, decomposition, kinds=_or_on_the_host_when_empty(op, Kind.DECOMPOSITION),
+                    device_rule=device_rule)
     return _fallback_or_unsupported(op, label, device_rule, why="no meta kernel and no decomposition")
 
 
@@ -208,8 +211,36 @@ def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None
     return Rule(Kind.UNSUPPORTED, f"{label}: {why}, and no CPU kernel to fall back to", device_rule=device_rule)
 
 
-def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict) -> Rule:
-    """The turns of the order that depend on the call's values."""
+def _or_on_the_host_when_empty(op: OpOverload, kind: Kind) -> frozenset:
+    """``kind``, and the fallback where every tensor the call is given is empty on the CPU: with no
+    values to stand in for, the host's kernel gives the real answer, and CPU kernels return before
+    checks that meta kernels make (``bmm`` of an empty float and an empty int tensor computes an
+    empty int result; the meta kernel refuses the dtypes). Views and writes keep their kernel, as
+    they must alias their inputs, and random ops never reach the host."""
+    schema = schema_of(op)
+    if (op.namespace == "aten" and schema.returns and not schema.is_mutable
+            and not any(ret.alias_info for ret in schema.returns)
+            and torch.Tag.nondeterministic_seeded not in op.tags and _has(op.name(), "CPU")):
+        return frozenset({kind, Kind.FALLBACK})
+    return frozenset({kind})
+
+
+_EMPTY_CALL_SIZE_LIMIT = 1 << 16  # elements: sizes given as numbers past this keep the meta kernel
+
+
+def _only_empty_tensors(args: tuple, kwargs: dict) -> bool:
+    tensors = tensors_in(args, kwargs)
+    if not tensors or symbolic.has_symbolic((args, kwargs)) or any(t.numel() for t in tensors):
+        return False
+    sizes = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return math.prod(sizes) <= _EMPTY_CALL_SIZE_LIMIT
+
+
+def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict, device: torch.device | None) -> Rule:
+    """The turns of the order that depend on the call's values (``device``: the call's own)."""
+    if (rule.kind in (Kind.META, Kind.DECOMPOSITION) and Kind.FALLBACK in rule.kinds and not rule.composite
+            and device is not None and device.type == "cpu" and _only_empty_tensors(args, kwargs)):
+        return rule.with_kind(Kind.FALLBACK)
     if rule.kind is Kind.FALLBACK and symbolic.has_symbolic((*args, *kwargs.values())):
         return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(target, args, kwargs))
     if rule.kind is Kind.UNSUPPORTED and Kind.FALLBACK in rule.kinds and _all_values_known(args, kwargs):
@@ -233,4 +264,4 @@ def _has_tensor(args: tuple, kwargs: dict) -> bool:
 def _all_values_known(args: tuple, kwargs: dict) -> bool:
     session = context.current_session()
     tensors = tensors_in(args, kwargs)
-    return session is not None and bool(tensors) and all(t in session.real_values for t in tensors)
+    return session is not None and bool(tensors) and all(t in session.real_values or has_no_values(t) for t in tensors)

@@ -241,6 +241,24 @@ def auto_functionalized_kernels() -> tuple[Any, Any]:
     return auto_functionalized_dense, auto_functionalized_v2_dense
 
 
+def functionalized_hop_call(kwargs: dict) -> tuple[tuple, dict, list]:
+    """How ``auto_functionalized_v2`` of a higher-order op calls it, as its eager kernel does
+    (``auto_functionalized_v2_dense``): the op's positional and keyword arguments, the mutated
+    ones regenerated as views of clones of their bases (``_all_bases``), and those clones."""
+    from torch._higher_order_ops.auto_functionalize import _generate_new_op_kwargs_from_bases
+    kwargs = dict(kwargs)
+    bases = kwargs.pop("_all_bases", [])
+    only_clone = kwargs.pop("_only_clone_these_bases", None)
+    schema = pytree.tree_unflatten([], kwargs.pop("_op_schema")).schema
+    op_kwargs, cloned_bases = _generate_new_op_kwargs_from_bases(
+        schema, kwargs, bases, tuple(range(len(bases))) if only_clone is None else only_clone, False)
+    args = [op_kwargs[argument.name] for argument in schema.arguments if not argument.kwarg_only]
+    keywords = {argument.name: op_kwargs[argument.name] for argument in schema.arguments if argument.kwarg_only}
+    if schema.tree_spec is not None:
+        args, keywords = pytree.tree_unflatten([*args, *keywords.values()], schema.tree_spec)
+    return tuple(args), keywords, cloned_bases
+
+
 def autocast_region_calls() -> tuple[Any, Any]:
     """The functions torch.export calls to open and close an autocast region that holds a higher-order op
     (``torch.amp.autocast_mode._enter_autocast`` / ``_exit_autocast``)."""

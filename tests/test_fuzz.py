@@ -878,10 +878,14 @@ UNMODELED_REAL_ERRORS = {
 
 
 # The other way round: where an operand is empty, some CPU kernels return before their dtype
-# checks (bmm of float by bool batches of size 0 "succeeds", with batch2's dtype; so does
-# log_softmax of an empty bool tensor). fxprop keeps the check: the program is wrong for every
+# checks (bmm of float by bool batches of size 0 "succeeds", with batch2's dtype). Where every
+# tensor an aten op is given is empty, fxprop asks the CPU kernel itself (there are no values to
+# stand in for); but a torch-level call can reach other ops when dispatched than when it runs
+# eagerly: eager ``matmul`` of an empty float (2, 1, 0) by an empty int (1, 0, 1) runs bmm and
+# succeeds, while under any dispatch mode (FakeTensorMode, FlopCounterMode, fxprop's) it folds to
+# mm, which refuses the dtypes. fxprop keeps that refusal: the program is wrong for every
 # non-empty input.
-STRICTER_ON_EMPTY = (r"expected scalar type|must have the same dtype|bool tensors? is not supported"
+STRICTER_ON_EMPTY = (r"expected scalar type|(must|to) have the same dtype|bool tensors? is not supported"
                      r"|not implemented for|not supported for complex|only support floating point")
 
 
@@ -1113,26 +1117,36 @@ def test_unmodeled_real_errors_are_a_reviewed_table():
         re.compile(pattern)
 
 
+def test_aten_ops_of_only_empty_tensors_answer_as_the_cpu_kernel():
+    """Campaign findings: bmm of empty float by bool batches, log_softmax of an empty bool tensor
+    succeed for real; every tensor empty, the CPU kernel answers (provenance: fallback, 0 bytes)."""
+    from fxprop.testing import assert_matches_real
+    bmm = torch.fx.symbolic_trace(lambda a, b: torch.bmm(a, b))
+    empty = (torch.zeros(0, 3, 3), torch.zeros(0, 3, 3, dtype=torch.bool))
+    assert_matches_real(bmm, *empty)
+    provenance = next(n for n in bmm.graph.nodes if n.op == "call_function").meta["fxprop"]
+    assert provenance.kind == "fallback" and provenance.fallback_bytes == 0
+    assert_matches_real(torch.fx.symbolic_trace(lambda x: F.log_softmax(x, 0)), torch.zeros(0, dtype=torch.bool))
+    transposed = torch.zeros(3, 0).t()
+    assert_matches_real(torch.fx.symbolic_trace(lambda x: torch.ops.aten.mean.dim(x, [0])), transposed)
+    with pytest.raises(fxprop.PropagationError) as caught:  # as real: bmm checks the dtypes of non-empty batches
+        fxprop.propagate(bmm, torch.zeros(1, 3, 3), torch.zeros(1, 3, 3, dtype=torch.bool))
+    assert caught.value.error_type is RuntimeError
+
+
 def test_stricter_on_empty_operands_is_accepted_only_for_dtype_checks():
+    """Campaign finding (30-minute run): eager matmul of empty float (2, 1, 0) by empty int64
+    (1, 0, 1) succeeds; dispatched, it reaches mm, which refuses: accepted as stricter on empty."""
     graph = torch.fx.Graph()
     a, b = graph.placeholder("a"), graph.placeholder("b")
-    graph.output(graph.call_function(torch.bmm, (a, b)))
+    graph.output(graph.call_function(torch.matmul, (a, b)))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    empty = (torch.zeros(0, 3, 3), torch.zeros(0, 3, 3, dtype=torch.bool))
+    empty = (torch.zeros(2, 1, 0), torch.zeros(1, 0, 1, dtype=torch.int64))
     real = run_real_until_error(gm, *empty)
-    assert real.failed_node is None  # the CPU kernel skips its dtype check
+    assert real.failed_node is None
     with pytest.raises(fxprop.PropagationError) as caught:
         fxprop.propagate(gm, *empty)
     assert stricter_on_empty(gm, real, caught.value)
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    graph.output(graph.call_function(F.log_softmax, (x, 0)))
-    softmax = torch.fx.GraphModule(torch.nn.Module(), graph)
-    empty_bools = torch.zeros(0, dtype=torch.bool)
-    assert run_real_until_error(softmax, empty_bools).failed_node is None  # campaign seed 1796217690
-    with pytest.raises(fxprop.PropagationError) as caught:
-        fxprop.propagate(softmax, empty_bools)
-    assert stricter_on_empty(softmax, run_real_until_error(softmax, empty_bools), caught.value)
     full = (torch.zeros(1, 3, 3), torch.zeros(1, 4, 3))
     with pytest.raises(fxprop.PropagationError) as caught:
         fxprop.propagate(gm, *full)

@@ -475,6 +475,71 @@ def test_with_effects():
     assert token.shape == (0,) and out.shape == (3,)
 
 
+def _aot_forward(fn, *args):
+    """The forward graph AOT autograd hands a compiler (functionalized: mutations become
+    auto_functionalized_v2, effects are ordered by tokens) and the inputs it is called with."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    captured = []
+
+    def backend(gm, example_inputs):
+        def forward_compiler(graph, inputs):
+            captured.append((graph, list(inputs)))
+            return graph
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return captured[0]
+
+
+def test_auto_functionalized_v2_of_a_compiled_region_that_mutates_its_input():
+    @torch.compiler.nested_compile_region
+    def region(x, buffer):
+        buffer.add_(1)
+        return x * 2
+
+    gm, inputs = _aot_forward(lambda x, buffer: region(x, buffer) + region(x, buffer),
+                              torch.randn(4, 4).t(), torch.zeros(4, 4))
+    calls = [n for n in gm.graph.nodes if n.target is hop.auto_functionalized_v2]
+    assert len(calls) == 2 and calls[0].args[0] is hop.invoke_subgraph
+    check_against_real(gm, *inputs)
+    assert all("val" in n.meta for n in gm.get_submodule(calls[0].kwargs["subgraph"].target).graph.nodes)
+
+
+def test_with_effects_of_the_print_op():
+    from torch._higher_order_ops.print import print as hop_print
+
+    def f(x):
+        y = x * 2
+        hop_print("y = {} and {name}", y, name=x.sum())
+        return y + 1
+    gm, inputs = _aot_forward(f, torch.randn(3))
+    call = next(n for n in gm.graph.nodes if n.target is hop.with_effects)
+    assert call.args[1] is hop.print
+    token, out = check_against_real(gm, *inputs)
+    assert token.shape == (0,) and out.shape == (3,)
+
+
+@pytest.mark.parametrize("format_str,args,kwargs", [("{} {}", 1, {}), ("{1}", 1, {}), ("{name.real}", 1, {}),
+                                                    ("{} {}", 2, {}), ("{0[1]}", 1, {}), ("{n}", 0, {"n": 1})])
+def test_print_refuses_a_format_as_str_format_does(format_str, args, kwargs, capsys):
+    graph = torch.fx.Graph()
+    xs = [graph.placeholder(f"x{i}") for i in range(args)]
+    graph.output(graph.call_function(hop.print, (format_str, *xs), kwargs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [torch.randn(2) for _ in xs]
+    try:
+        gm(*inputs)
+    except Exception as real:
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, *inputs)
+        assert caught.value.error_type is type(real)
+    else:
+        capsys.readouterr()
+        fxprop.propagate(gm, *inputs)
+        assert capsys.readouterr().out == ""  # nothing is printed while propagating
+
+
 # --- nesting and errors ----------------------------------------------------------------------------
 
 class CondLinear(torch.nn.Module):

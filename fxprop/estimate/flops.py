@@ -254,6 +254,33 @@ _RUN_ONCE = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "wrap
                        "wrap_activation_checkpoint", "invoke_subgraph", "autograd_function_apply", "hints_wrapper"})
 
 
+_RUN_PER_SLICE = {"map_impl": 1, "scan": 2}
+"""Higher-order ops that run their body once per slice along dim 0 of the inputs at this argument."""
+
+_WRAPPERS = {"with_effects": 1, "auto_functionalized": 0, "auto_functionalized_v2": 0}
+"""Higher-order ops that call the op at this argument once (ordered by a token, or on clones)."""
+
+_NO_MATH = frozenset({"print"})
+
+
+def _name(op: Any) -> str:
+    return getattr(op, "__name__", str(op))
+
+
+_UNKNOWN_RUNS = {
+    "cond": "cond: its branches count differently, and which one runs depends on the values",
+    "associative_scan": "associative_scan: how its implementation groups the combine calls is not in the graph",
+}
+
+
+def _slice_count(scanned: Any) -> Any:
+    """The length of dim 0 shared by the scanned inputs, or None where there is none to read."""
+    values = [_annotation(item) for item in scanned] if isinstance(scanned, (list, tuple)) else []
+    if not values or not all(isinstance(value, torch.Tensor) and value.dim() for value in values):
+        return None
+    return values[0].shape[0]
+
+
 class FlopCounter:
     """Counts the FLOPs of the nodes of one annotated graph (`count`), memoizing re-dispatches."""
 
@@ -296,19 +323,51 @@ class FlopCounter:
 
     def higher_order(self, node: torch.fx.Node) -> Any:
         """A higher-order op runs its bodies, whose nodes fxprop annotated: the FLOPs of a body run
-        once (grad-mode and autocast regions, wrap, checkpoint, an autograd Function's forward), and
-        of cond's branch where both branches count alike. Others are unknown and named."""
-        attributes = [self._attribute(str(arg.target)) for arg in node.args
-                      if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
-        bodies = [attribute for attribute in attributes if isinstance(attribute, torch.fx.GraphModule)]
-        name = getattr(node.target, "__name__", str(node.target))
+        once (grad-mode and autocast regions, wrap, checkpoint, an autograd Function's forward), of
+        cond's branch where both branches count alike, and of map's and scan's body once per slice.
+        Others (while_loop's iterations, cond's branch choice) depend on values: unknown and named.
+        ``with_effects`` and ``auto_functionalized`` run the op they wrap once: its count."""
+        op, arguments, wrapped = node.target, [*node.args, *node.kwargs.values()], False
+        if _name(op) in _WRAPPERS:
+            position = _WRAPPERS[_name(op)]
+            op, arguments, wrapped = node.args[position], [*node.args[position + 1:], *node.kwargs.values()], True
+            if isinstance(op, OpOverload):
+                return self.wrapped_op(node, op)
+        name = _name(op)
+        if name in _NO_MATH:
+            return 0
+        bodies = [self._attribute(str(arg.target)) for arg in arguments
+                  if isinstance(arg, torch.fx.Node) and arg.op == "get_attr"]
+        bodies = [body for body in bodies if isinstance(body, torch.fx.GraphModule)]
         counts = [sum((FlopCounter(body).count(inner) for inner in body.graph.nodes), 0) for body in bodies]
         if name in _RUN_ONCE and counts:
             return counts[0]
         if name == "cond" and len(counts) == 2 and counts[0] == counts[1]:
             return counts[0]
-        self.failures[node.name] = f"{name}: how often its bodies run depends on the values"
+        if name in _RUN_PER_SLICE and len(counts) == 1 and not wrapped:
+            length = _slice_count(node.args[_RUN_PER_SLICE[name]])
+            if length is not None:
+                return counts[0] * length
+        self.failures[node.name] = _UNKNOWN_RUNS.get(name, f"{name}: how often its bodies run depends on the values")
         return 0
+
+    def wrapped_op(self, node: torch.fx.Node, op: OpOverload) -> Any:
+        """The count of the op that ``with_effects`` or ``auto_functionalized`` calls: its formula
+        on the arguments it is given; 0 for an op with none (a custom op, ``_print``)."""
+        if not _has_formula(op):
+            return 0
+        if node.target is torch.ops.higher_order.with_effects:
+            args, kwargs = node.args[2:], node.kwargs
+        elif node.target is torch.ops.higher_order.auto_functionalized:
+            args, kwargs = (), node.kwargs
+        else:  # auto_functionalized_v2 passes views of its bases by index: the op's arguments are not in the node
+            self.failures[node.name] = f"auto_functionalized_v2 of {op}: its arguments are regenerated from bases"
+            return 0
+        args = torch.fx.node.map_arg(args, _annotation)
+        kwargs = torch.fx.node.map_arg(kwargs, _annotation)
+        value = node.meta.get("val")
+        out = value[1:] if node.target is torch.ops.higher_order.with_effects and isinstance(value, tuple) else value
+        return FORMULAS[packet_of(op)](*args, **kwargs, out_val=out)
 
     def _attribute(self, target: str) -> Any:
         owner: Any = self.gm

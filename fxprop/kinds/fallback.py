@@ -20,7 +20,7 @@ import torch
 from .. import symbolic
 from ..blame import boundary
 from ..errors import FallbackLimitError, PropagationError
-from ..known_values import KnownValues
+from ..known_values import KnownValues, has_no_values
 from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, pytree, schema_of
 
 _KERNELS_FOR_EVERY_DEVICE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
@@ -113,7 +113,7 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
                    and not any(t is real_flat[i] for i, _ in metas))
     if needed + produced > limit_bytes:
         raise _over_limit(op, needed + produced, limit_bytes, "its inputs and outputs")
-    exact = all(value in real_values for _, value in metas)
+    exact = all(value in real_values or has_no_values(value) for _, value in metas)
     aliases = {id(real_flat[i]): value for i, value in metas}
     meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)
     return meta_result, needed + produced

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import string
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,11 +30,12 @@ import torch
 from .. import context, symbolic
 from ..devices import default_device, device_of, place, tag
 from ..devices.transfers import Placement, tensors_in, transfer
-from ..errors import UnsupportedError
-from ..registry import rule, target_name
+from ..errors import PropagationError, UnsupportedError
+from ..registry import python_rule, rule, target_name
 from ..torch_compat import (FakeTensor, FakeTensorMode, HigherOrderOperator, OpOverload, TorchDispatchMode,
                             auto_functionalized_kernels, autocast_region_calls, check, flat_apply_kernel,
-                            has_kernel_for_dispatch_key, pytree, schema_of, without_ambient_modes)
+                            functionalized_hop_call, has_kernel_for_dispatch_key, pytree, schema_of, storage_key,
+                            without_ambient_modes)
 
 aten = torch.ops.aten
 higher_order = torch.ops.higher_order
@@ -675,20 +678,36 @@ def auto_functionalized(_mutable_op, /, **kwargs):
 def auto_functionalized_v2(_mutable_op, /, **kwargs):
     """``_mutable_op`` on views regenerated from clones of the mutated arguments' bases
     (``_all_bases``): returns its results, then the cloned bases."""
-    if not isinstance(_mutable_op, OpOverload):
-        raise UnsupportedError(f"auto_functionalized_v2 of the higher-order op {_mutable_op!r}: no rule")
-    _, dense = auto_functionalized_kernels()
-    return dense(_mutable_op, _only_clone_these_bases=None, **kwargs)
+    if isinstance(_mutable_op, OpOverload):
+        _, dense = auto_functionalized_kernels()
+        return dense(_mutable_op, _only_clone_these_bases=None, **kwargs)
+    args, keywords, cloned_bases = functionalized_hop_call(kwargs)
+    devices = {storage_key(clone): device_of(base) for clone, base in zip(cloned_bases, kwargs.get("_all_bases", []))}
+    for tensor in [*cloned_bases, *tensors_in(args, keywords)]:  # the clones and the views regenerated from them
+        if storage_key(tensor) in devices:
+            tag(tensor, devices[storage_key(tensor)])
+    out = _higher_order_rule(_mutable_op, "auto_functionalized_v2")(*args, **keywords)
+    return (*out, *cloned_bases) if isinstance(out, (tuple, list)) else (out, *cloned_bases)
+
+
+def _higher_order_rule(op: Any, wrapper: str) -> Callable:
+    """The python rule of a higher-order op that another one (``wrapper``) calls."""
+    own = python_rule(op) if isinstance(op, HigherOrderOperator) else None
+    if own is None:
+        raise UnsupportedError(f"{wrapper} of {target_name(op)}: no rule for it")
+    return own.fn
 
 
 @rule(higher_order.with_effects)
 def with_effects(token, op, *args, **kwargs):
     """``(new_token, *op(*args, **kwargs))``: an op with side effects, ordered by a token (an empty
     float tensor on the default device). An op that returns nothing is not run."""
-    if not isinstance(op, OpOverload):
-        raise UnsupportedError(f"with_effects of {op!r}: only ops are supported")
     out = None
-    if schema_of(op).returns:
+    if isinstance(op, HigherOrderOperator):
+        out = _higher_order_rule(op, "with_effects")(*args, **kwargs)
+    elif not isinstance(op, OpOverload):
+        raise UnsupportedError(f"with_effects of {op!r}: only ops are supported")
+    elif schema_of(op).returns:
         placement = place(op, args, kwargs)
         if placement.has_host_value:
             out = placement.host_value
@@ -698,6 +717,28 @@ def with_effects(token, op, *args, **kwargs):
                 out = pytree.tree_map_only(torch.Tensor, lambda t: tag(t, placement.device), out)
     new_token = _fresh((0,), (1,), torch.float32, default_device())
     return (new_token, *out) if isinstance(out, tuple) else (new_token, out)
+
+
+@rule(higher_order.print)
+def print_(format_str, *args, **kwargs):
+    """``print(format_str.format(*args, **kwargs))``: returns None. Nothing is printed; the format
+    is only parsed, and refused as ``str.format`` refuses a field that no argument fills."""
+    if not isinstance(format_str, str):
+        raise PropagationError(f"print: expected a format string, got {type(format_str).__name__}",
+                               error_type=TypeError)
+    automatic = 0
+    for _, field, _, _ in string.Formatter().parse(format_str):
+        if field is None:
+            continue
+        name = re.match(r"[^.\[]*", field).group(0)
+        if name == "":
+            name, automatic = str(automatic), automatic + 1
+        if name.isdigit() and int(name) >= len(args):
+            raise PropagationError(f"Replacement index {name} out of range for positional args tuple",
+                                   error_type=IndexError)
+        if not name.isdigit() and name not in kwargs:
+            raise PropagationError(repr(name), error_type=KeyError)
+    return None
 
 
 transfer(higher_order.wrap_with_set_grad_enabled, higher_order.wrap_with_autocast, higher_order.wrap,
