@@ -275,14 +275,16 @@ class Propagation:
         self.environment = environment()
         outer = swap_session(self.session)
         grad_enabled = torch.is_grad_enabled()
-        functorch_depth = torch_compat.functorch_depth()
+        autograd_modes = torch_compat.autograd_modes(self.gm)
+        failed = True
         try:
             with logical_default_device():
                 output = walk()
+            failed = False
         finally:
             while self.regions:  # a region the graph never closed (or one a failure left open)
                 self.close_region()
-            torch_compat.undo_functorch_to(functorch_depth)
+            torch_compat.restore_autograd_modes(autograd_modes, failed)
             torch.set_grad_enabled(grad_enabled)
             swap_session(outer)
         if self.symbols.active:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .torch_compat import OpOverload, check, internal_overlap, overload_name, schema_of, storage_key
+from .torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
+                           overload_name, pytree, schema_of, storage_key)
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -71,10 +72,29 @@ def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> Non
         return  # copy_ returns before it looks: nothing to write
     if op is aten.conj_physical_.default and args and not args[0].is_complex():
         return  # the conjugate of a real tensor is the tensor: nothing is written
+    inputs = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
     for tensor in written_arguments(op, args, kwargs):
         check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
               lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
                       "memory location. Please clone() the tensor before performing the operation.")
+        check(not any(partially_overlap(tensor, other) for other in inputs),
+              lambda: "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                      "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def partially_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """ATen's overlap test between a written tensor and an input (``get_overlap_status``): dense
+    views of one storage whose byte ranges meet without being the same view. Views that are not
+    dense are too hard to tell, and torch lets them pass."""
+    if a is b or has_symbolic_layout(a) or has_symbolic_layout(b) or not a.numel() or not b.numel():
+        return False
+    if storage_key(a) != storage_key(b) or not (is_non_overlapping_and_dense(a) and is_non_overlapping_and_dense(b)):
+        return False
+    a_begin, b_begin = a.storage_offset() * a.element_size(), b.storage_offset() * b.element_size()
+    a_end, b_end = a_begin + a.numel() * a.element_size(), b_begin + b.numel() * b.element_size()
+    if (a_begin, a_end) == (b_begin, b_end):
+        return a.stride() != b.stride()
+    return a_begin < b_end and b_begin < a_end
 
 
 def written_arguments(op: OpOverload, args: tuple, kwargs: dict) -> list:

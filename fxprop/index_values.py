@@ -7,15 +7,15 @@ adding a number), such bounds reach the ops that index a dim with them -- embedd
 index_select, indexing -- and become conditions on sizes. A GPT's ``wpe(arange(T))`` needs
 ``T <= block_size``: with concrete sizes fxprop raises where real execution would raise, with
 symbolic sizes the condition is one of the run's assumptions. Other index tensors (data) are
-not tracked.
+not tracked, and bounds end where the tensor, or a view of it, is written in place.
 """
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-from .torch_compat import check, check_index, statically_known_true
+from .torch_compat import check, check_index, statically_known_true, version_counter
 
 aten = torch.ops.aten
 
@@ -107,11 +107,17 @@ def _check_index(bounds: Bounds, index: torch.Tensor, size: Any, negative_allowe
     range_check(smallest >= lowest, lambda: f"index out of range in self: index {smallest} < {lowest}")
 
 
+class _Held(NamedTuple):
+    bounds: Bounds
+    tensor: torch.Tensor  # the node's value: its bounds hold until it, or a view of it, is written in place
+    version: int
+
+
 class IndexValues:
     """The bounds known for one propagate run, by node."""
 
     def __init__(self) -> None:
-        self.bounds: dict[torch.fx.Node, Bounds] = {}
+        self.bounds: dict[torch.fx.Node, _Held] = {}
 
     def observe(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict, value: Any) -> None:
         """Check ``node``'s use of known index values, then record the bounds of its own value."""
@@ -128,10 +134,13 @@ class IndexValues:
                 source, args = self.known(node.args[1]), (args[1], args[0])  # number + index
             bounds = keep(source, args, kwargs) if source is not None else None
         if bounds is not None and isinstance(value, torch.Tensor) and value.dtype in _WIDE_ENOUGH:
-            self.bounds[node] = bounds
+            self.bounds[node] = _Held(bounds, value, version_counter(value))
 
     def known(self, argument: Any) -> Bounds | None:
-        return self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
+        held = self.bounds.get(argument) if isinstance(argument, torch.fx.Node) else None
+        if held is None or version_counter(held.tensor) != held.version:
+            return None
+        return held.bounds
 
     def _check_uses(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> None:
         def selected(position: int, name: str, size: Any, range_check: Callable = check_index,

@@ -19,6 +19,7 @@ on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Any
@@ -27,8 +28,8 @@ import torch
 
 from . import context, symbolic
 from .errors import PropagationError
-from .in_place import is_elementwise
-from .torch_compat import OpOverload, pytree
+from .in_place import is_elementwise, written_arguments
+from .torch_compat import OpOverload, pytree, schema_of
 
 _ANSWER_LIMIT = 8192
 _answers: dict[tuple, tuple[type, str] | None] = {}
@@ -50,14 +51,25 @@ _RARELY_IMPLEMENTED = frozenset({torch.complex32, torch.complex64, torch.complex
 def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: Any = None) -> None:
     """Raise as the CPU kernel would when it has no implementation for these dtypes (``result``:
     what the meta kernel made of the call; the host is not asked for outputs over the limit)."""
-    if "out" in kwargs:
-        return
-    if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
+    if is_elementwise(op) or _out_form_of_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
         _check(op, args, kwargs)
     elif op.namespace == "aten" and any(
             isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
         if not _too_big_to_ask(args, kwargs, result):
             _check(op, args, kwargs, full_size=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _out_form_of_elementwise(op: OpOverload) -> bool:
+    """``gelu.out`` for ``gelu``: torch tags the functional overload pointwise, not always its out= form."""
+    schema = schema_of(op)
+    if op.namespace != "aten" or not schema.is_mutable or not any(a.name == "out" for a in schema.arguments):
+        return False
+    inputs = [(a.name, str(a.type)) for a in schema.arguments if a.name != "out"]
+    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1])
+    return any(torch.Tag.pointwise in overload.tags and not schema_of(overload).is_mutable
+               and [(a.name, str(a.type)) for a in schema_of(overload).arguments] == inputs
+               for overload in (getattr(packet, name) for name in packet.overloads()))
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
@@ -67,7 +79,7 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
     uint8 tensor: the meta kernel's dtype check, the kernel's IndexError for the dims). The
     call is refused for its sizes or dtypes, which the kernel checks before any value, so the
     stand-ins' values do not decide the kernel's refusal. Asked only once the call is refused."""
-    if "out" in kwargs or op.namespace != "aten" or _too_big_to_ask(args, kwargs, None):
+    if op.namespace != "aten" or _too_big_to_ask(args, kwargs, None):
         return
     try:
         _check(op, args, kwargs, full_size=True, any_refusal=True)
@@ -100,7 +112,11 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
         return
     if full_size and sum(t.numel() for t in tensors) > _FULL_SIZE_LIMIT:
         return
-    shape_of = (lambda t: tuple(t.shape)) if full_size else _stand_in_shape
+    if full_size:
+        shape_of = lambda t: tuple(t.shape)  # noqa: E731
+    else:  # an out= argument is empty: resized to the result without the warning a full one gets
+        written = {id(t) for t in written_arguments(op, args, kwargs)} if "out" in kwargs else set()
+        shape_of = lambda t: (0,) if id(t) in written else _stand_in_shape(t)  # noqa: E731
     try:
         key = (op, spec, any_refusal, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
                                for v in flat))

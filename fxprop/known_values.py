@@ -3,9 +3,9 @@
 A meta tensor stands for a real one whose values are known (small integer tensors, 0-dim
 numbers): rules read them to check indices and answer ``.item()``. A known value holds only
 while the tensor is unchanged: an in-place op on it, or on a view of it, bumps the version
-counter it shares with its views, and any op that writes a tensor sharing its storage (a
-``.data`` view, a library op's ``Tensor(a!)`` argument) forgets it; from then on its values are
-not known (a later ``.item()`` is a symbol, not the stale number). Real tensors given that share
+counter it shares with its views; a swap of its data (``t.data = other``) changes its storage;
+and any op that writes a tensor sharing its storage (a ``.data`` view, a library op's
+``Tensor(a!)`` argument) forgets it. From then on its values are not known (a later ``.item()`` is a symbol, not the stale number). Real tensors given that share
 a storage are not known at all: a write through one would change the other.
 """
 from __future__ import annotations
@@ -22,6 +22,11 @@ class _Known(NamedTuple):
     real: torch.Tensor
     version: int
     real_storage: int
+    layout: tuple        # the meta tensor's storage, sizes, strides and offset: ``t.data = other`` swaps them
+
+
+def _layout(tensor: torch.Tensor) -> tuple:
+    return storage_key(tensor), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset()
 
 
 def has_no_values(tensor: torch.Tensor) -> bool:
@@ -31,7 +36,7 @@ def has_no_values(tensor: torch.Tensor) -> bool:
 
 def _forgotten(entry: _Known) -> _Known:
     """The entry with a version no tensor has: its values are not known any more."""
-    return _Known(entry.meta, entry.real, -1, entry.real_storage)
+    return _Known(entry.meta, entry.real, -1, entry.real_storage, entry.layout)
 
 
 class KnownValues:
@@ -48,7 +53,7 @@ class KnownValues:
         aliased = [key for key, other in self._entries.items() if other.real_storage == shared]
         for key in aliased:
             self._entries[key] = _forgotten(self._entries[key])
-        self._entries[id(meta)] = _Known(meta, real, -1 if aliased else version_counter(meta), shared)
+        self._entries[id(meta)] = _Known(meta, real, -1 if aliased else version_counter(meta), shared, _layout(meta))
 
     def forget_written(self, written: torch.Tensor) -> None:
         """An op writes ``written``: nothing sharing its storage is known any more."""
@@ -60,7 +65,8 @@ class KnownValues:
     def get(self, meta: torch.Tensor) -> torch.Tensor | None:
         """The real values ``meta`` stands for, unless it has been written since."""
         entry = self._entries.get(id(meta))
-        if entry is None or entry.meta is not meta or version_counter(meta) != entry.version:
+        if (entry is None or entry.meta is not meta or version_counter(meta) != entry.version
+                or _layout(meta) != entry.layout):
             return None
         return entry.real
 

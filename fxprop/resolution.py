@@ -200,8 +200,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
                         composite=True)
     decomposition = decomposition_table.get(op)
     if decomposition is not None:
-        return Rule(Kind.DECOMPOSITION, label, decomposition, kinds=_or_on_the_host_when_empty(op, Kind.DECOMPOSITION),
-                    device_rule=device_rule)
+        return Rule(Kind.DECOMPOSITION, label, decomposition, device_rule=device_rule)
     return _fallback_or_unsupported(op, label, device_rule, why="no meta kernel and no decomposition")
 
 
@@ -212,34 +211,49 @@ def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None
 
 
 def _or_on_the_host_when_empty(op: OpOverload, kind: Kind) -> frozenset:
-    """``kind``, and the fallback where every tensor the call is given is empty on the CPU: with no
-    values to stand in for, the host's kernel gives the real answer, and CPU kernels return before
-    checks that meta kernels make (``bmm`` of an empty float and an empty int tensor computes an
-    empty int result; the meta kernel refuses the dtypes). Views and writes keep their kernel, as
-    they must alias their inputs, and random ops never reach the host."""
+    """``kind``, and the fallback where the meta kernel refuses a call whose tensors are all empty,
+    on the CPU: with no values to stand in for, the host's kernel gives the real answer, and CPU
+    kernels return before checks that meta kernels make (``bmm`` of an empty float and an empty
+    bool batch computes an empty bool result; the meta kernel refuses the dtypes). Views and
+    writes keep their kernel, as they must alias their inputs, and random ops never reach the host."""
     schema = schema_of(op)
-    if (op.namespace == "aten" and schema.returns and not schema.is_mutable
+    if (kind is Kind.META and op.namespace == "aten" and schema.returns and not schema.is_mutable
             and not any(ret.alias_info for ret in schema.returns)
             and torch.Tag.nondeterministic_seeded not in op.tags and _has(op.name(), "CPU")):
         return frozenset({kind, Kind.FALLBACK})
     return frozenset({kind})
 
 
-_EMPTY_CALL_SIZE_LIMIT = 1 << 16  # elements: sizes given as numbers past this keep the meta kernel
+_EMPTY_CALL_SIZE_LIMIT = 1 << 16
+"""Elements: the sizes of a call of empty tensors (their non-zero dims, and sizes given as
+numbers) whose product passes this keep the meta kernel's answer, as the host's output might be
+as large (``mm`` of (n, 0) by (0, m) is n x m zeros)."""
 
 
 def _only_empty_tensors(args: tuple, kwargs: dict) -> bool:
     tensors = tensors_in(args, kwargs)
     if not tensors or symbolic.has_symbolic((args, kwargs)) or any(t.numel() for t in tensors):
         return False
-    sizes = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, int) and not isinstance(v, bool) and v > 0]
-    return math.prod(sizes) <= _EMPTY_CALL_SIZE_LIMIT
+    sizes = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
+    sizes += [size for t in tensors for size in t.shape]
+    return math.prod(size for size in sizes if size > 0) <= _EMPTY_CALL_SIZE_LIMIT
+
+
+def _meta_kernel_refuses(op: OpOverload, args: tuple, kwargs: dict) -> bool:
+    try:
+        with context.on_host():
+            op(*args, **kwargs)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return True
+    except Exception:  # not a refusal of the call: the meta kernel's own limits
+        return False
+    return False
 
 
 def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict, device: torch.device | None) -> Rule:
     """The turns of the order that depend on the call's values (``device``: the call's own)."""
-    if (rule.kind in (Kind.META, Kind.DECOMPOSITION) and Kind.FALLBACK in rule.kinds and not rule.composite
-            and device is not None and device.type == "cpu" and _only_empty_tensors(args, kwargs)):
+    if (rule.kind is Kind.META and Kind.FALLBACK in rule.kinds and not rule.composite and device is not None
+            and device.type == "cpu" and _only_empty_tensors(args, kwargs) and _meta_kernel_refuses(target, args, kwargs)):
         return rule.with_kind(Kind.FALLBACK)
     if rule.kind is Kind.FALLBACK and symbolic.has_symbolic((*args, *kwargs.values())):
         return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(target, args, kwargs))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch._meta_registrations as _meta_registrations
@@ -70,6 +70,16 @@ def packet_of(op: OpOverload) -> OpOverloadPacket:
 def version_counter(tensor: torch.Tensor) -> int:
     """How many times the tensor was written in place (autograd's version counter)."""
     return tensor._version
+
+
+def is_non_overlapping_and_dense(tensor: torch.Tensor) -> bool:
+    """Whether the elements fill a block of memory exactly once, in some order of dims."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
+    return dense(tensor)
+
+
+def has_symbolic_layout(tensor: torch.Tensor) -> bool:
+    return any(isinstance(v, torch.SymInt) for v in (*tensor.shape, *tensor.stride(), tensor.storage_offset()))
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -220,12 +230,64 @@ def functorch_depth() -> int:
     return torch._C._functorch.get_dynamic_layer_stack_depth()
 
 
+def functorch_unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under a functorch transform's wrappers (vmap's batched tensors, grad's)."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
+    return tensor
+
+
 def undo_functorch_to(depth: int) -> None:
     """Leave the functorch levels entered since ``depth``: a graph that increments vmap's nesting
     (dynamo inlines ``torch.vmap`` so) and fails before it decrements it leaves the process at the
     depth it started from, as dynamo does when a frame fails."""
     if functorch_depth() > depth:
         torch._C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(depth)
+
+
+class AutogradModes(NamedTuple):
+    """The thread's autograd switches a graph can flip (dynamo inlines ``torch.func.jvp`` and
+    ``grad`` as calls that set them) and the forward-AD level it may enter."""
+    functorch_depth: int
+    fwd_grad_enabled: bool
+    saved_tensors_hooks_enabled: bool
+    saved_tensors_hooks_message: str | None
+    dual_level_free: int | None  # the level a graph entering forward AD gets, if it may enter one
+
+
+def _enters_dual_level(gm: torch.fx.GraphModule) -> bool:
+    from torch._functorch.predispatch import _enter_dual_level
+    return any(node.target in (_enter_dual_level, torch._C._enter_dual_level) for node in gm.graph.nodes)
+
+
+def autograd_modes(gm: torch.fx.GraphModule) -> AutogradModes:
+    free = None
+    if _enters_dual_level(gm):  # forward-AD levels are process-wide: asked only of graphs that enter one
+        try:
+            free = torch._C._enter_dual_level()
+            torch._C._exit_dual_level(level=free)
+        except RuntimeError:  # the caller is inside a level of its own
+            free = None
+    return AutogradModes(functorch_depth(), torch._C._is_fwd_grad_enabled(),
+                         torch._C._autograd._saved_tensors_hooks_is_enabled(),
+                         torch._C._autograd._saved_tensors_hooks_get_disabled_error_message(), free)
+
+
+def restore_autograd_modes(modes: AutogradModes, failed: bool) -> None:
+    """Undo what a graph left switched when it failed between the calls that set and reset them,
+    as the context managers of ``torch.func`` would have on the way out (a forward-AD level only
+    after a failure: another thread may hold one)."""
+    undo_functorch_to(modes.functorch_depth)
+    torch._C._set_fwd_grad_enabled(modes.fwd_grad_enabled)
+    if modes.saved_tensors_hooks_enabled:
+        torch._C._autograd._saved_tensors_hooks_enable()
+    else:
+        torch._C._autograd._saved_tensors_hooks_disable(modes.saved_tensors_hooks_message or "")
+    if failed and modes.dual_level_free is not None:
+        try:
+            torch._C._exit_dual_level(level=modes.dual_level_free)
+        except RuntimeError:
+            pass  # the graph left no level open
 
 
 def higher_order_ops() -> dict[str, HigherOrderOperator]:

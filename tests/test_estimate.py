@@ -441,6 +441,23 @@ def sys_path_has_tests():
         sys.path.insert(0, str(Path(__file__).parent))
 
 
+def test_an_exported_associative_scan_counts_its_vmapped_combines_on_their_physical_sizes():
+    """Adversary finding: export inlines associative_scan into vmap levels, whose values are batched
+    tensors; the memory walk raised on their storage and the FLOPs used the per-example sizes."""
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    class Scan(nn.Module):
+        def forward(self, xs):
+            return associative_scan(lambda a, b: a @ b, xs, 0, combine_mode="generic")
+
+    xs = torch.randn(5, 4, 4)
+    with FlopCounterMode(display=False) as counter:
+        Scan()(xs)
+    est = fxprop.estimate(torch.export.export(Scan(), (xs,)).module(), xs)
+    assert not est.flops_unknown and est.flops == counter.get_total_flops()
+    assert est.peak_bytes["cpu"] > 0
+
+
 def test_while_loop_iterations_are_named_as_unknown():
     from torch._higher_order_ops.while_loop import while_loop
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import pytest
+import sympy
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -871,9 +872,9 @@ UNMODELED_REAL_ERRORS = {
                             "(CUDA's differ); meta kernels accept any",
     r"more than one element of the written-to tensor refers to a single memory location"
     r"|some elements of the input tensor and the written-to tensor refer to a single memory location":
-        "writes into self-overlapping (expanded) tensors are refused as TensorIterator refuses them for elementwise "
-        "ops and copy_ (fxprop/in_place.py), but not for other kernels' own checks; an input partially "
-        "overlapping the output is not modeled (meta tensors share no addresses to compare)",
+        "writes into self-overlapping (expanded) tensors, and inputs partially overlapping the output, are "
+        "refused as TensorIterator refuses them for elementwise ops and copy_ (fxprop/in_place.py), but not "
+        "for other kernels' own checks",
 }
 
 
@@ -900,6 +901,18 @@ def stricter_on_empty(gm: torch.fx.GraphModule, real: Any, error: fxprop.Propaga
 def unmodeled(error: BaseException | None) -> str | None:
     text = str(error)
     return next((reason for pattern, reason in UNMODELED_REAL_ERRORS.items() if re.search(pattern, text)), None)
+
+
+def assumption_fails(gm: torch.fx.GraphModule, real: Any) -> bool:
+    """Honest too: fxprop propagated under an assumption it states (``fxprop.assumptions``) on a
+    value it was not given (an ``.item()`` of a spec), and the value real execution read breaks it
+    (``torch.ones(x.item()) * y`` assumes the two sizes broadcast)."""
+    summary = gm.meta.get("fxprop", {})
+    values = {info.symbol: real.values.get(info.node) for info in summary.get("symbols", {}).values()
+              if info.kind == "value"}
+    values = {symbol: v for symbol, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return any(assumption.free_symbols & set(values) and assumption.free_symbols <= set(values)
+               and sympy.sympify(assumption).subs(values) == sympy.false for assumption in summary.get("assumptions", []))
 
 
 @st.composite
@@ -964,6 +977,9 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
         event("data-dependent: fxprop says it cannot answer")
         assert all("fxprop" not in node.meta for node in gm.graph.nodes), "a failed propagate wrote metadata"
     else:
+        if real.failed_node is not None and not unmodeled(real.error) and assumption_fails(gm, real):
+            event("propagated under an assumption that these values break")
+            return
         assert real.failed_node is None or unmodeled(real.error), (
             f"real execution raised at %{real.failed_node}: {type(real.error).__name__}: {real.error}\n"
             "but fxprop propagated the graph")
@@ -1132,6 +1148,31 @@ def test_aten_ops_of_only_empty_tensors_answer_as_the_cpu_kernel():
     with pytest.raises(fxprop.PropagationError) as caught:  # as real: bmm checks the dtypes of non-empty batches
         fxprop.propagate(bmm, torch.zeros(1, 3, 3), torch.zeros(1, 3, 3, dtype=torch.bool))
     assert caught.value.error_type is RuntimeError
+
+
+def test_an_assumption_the_real_values_break_is_accepted_only_when_they_break_it():
+    """Campaign finding (seed 1796322147): ``ones(x0.item())`` broadcast against a (2,) tensor, x0 a
+    spec: fxprop propagates assuming the item is 1 or 2; real execution, where it is 3, refuses."""
+    def program(x0, x2):
+        return torch.addcmul(x0, x2, torch.ones((x0.item(),)), value=0.5)
+    gm = torch.fx.symbolic_trace(program)
+    fxprop.propagate(gm, fxprop.TensorSpec((), dtype=torch.int64), fxprop.TensorSpec((2,)))
+    assert assumption_fails(gm, run_real_until_error(gm, torch.tensor(3), torch.randn(2)))
+    assert not assumption_fails(gm, run_real_until_error(gm, torch.tensor(2), torch.randn(2)))
+
+
+def test_empty_operands_the_meta_kernel_accepts_never_reach_the_host():
+    """Adversary findings: ``mm`` of (n, 0) by (0, m) specs made n x m zeros on the host (576 MB),
+    and ``fallback_limit_bytes=0`` refused empty calls the meta kernel answers."""
+    mm = torch.fx.symbolic_trace(lambda a, b: torch.mm(a, b))
+    out = fxprop.propagate(mm, fxprop.TensorSpec((12000, 0)), fxprop.TensorSpec((0, 12000)), fallback_limit_bytes=0)
+    assert out.shape == (12000, 12000)
+    assert all(n.meta["fxprop"].fallback_bytes == 0 for n in mm.graph.nodes)
+    std = torch.fx.symbolic_trace(lambda x: torch.linalg.det(x) + x.std())
+    fxprop.propagate(std, fxprop.TensorSpec((0, 0)), fallback_limit_bytes=0)
+    big = torch.fx.symbolic_trace(lambda a, b: torch.bmm(a, b))  # refused by the meta kernel, too large to ask
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(big, torch.zeros(1000, 1000, 0), torch.zeros(1000, 0, 1000, dtype=torch.bool))
 
 
 def test_stricter_on_empty_operands_is_accepted_only_for_dtype_checks():

@@ -383,6 +383,37 @@ def test_scan():
     assert [tuple(o.shape) for o in out] == [(2, 4), (5, 4)]
 
 
+class ZeroLengthLoops(torch.nn.Module):
+    def __init__(self, loop):
+        super().__init__()
+        self.loop = loop
+
+    def forward(self, xs, w):
+        if self.loop == "scan":
+            return scan(lambda c, x: (c @ w + x, (c @ w).sum()), torch.zeros(xs.shape[1], w.shape[1]), xs)
+        return hop_map(lambda x, w: torch.tanh(x @ w), xs, w)
+
+
+@pytest.mark.parametrize("loop", ["scan", "map"])
+def test_a_loop_over_a_leading_dim_of_size_0_is_refused_as_real_execution_refuses_it(loop):
+    """Adversary finding: exported with a dynamic length and run on an empty one, torch's kernels
+    refuse (scan selects step 0; map has no result to take its structure from); fxprop propagated."""
+    ep = torch.export.export(ZeroLengthLoops(loop), (torch.randn(5, 4, 4), torch.randn(4, 4)),
+                             dynamic_shapes=({0: torch.export.Dim("T", min=2)}, None))
+    gm = ep.module()
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            gm.graph.erase_node(node)
+    gm.recompile()
+    inputs = (torch.randn(0, 4, 4), torch.randn(4, 4))
+    with pytest.raises(Exception) as real:
+        gm(*inputs)
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, *inputs)
+    assert caught.value.error_type is type(real.value)
+    fxprop.propagate(gm, torch.randn(3, 4, 4), torch.randn(4, 4))  # a length of 1 or more propagates
+
+
 # --- calls of subgraphs: checkpointing, compiled regions ----------------------------------------
 
 def _captured(module, *args):
@@ -506,6 +537,25 @@ def test_auto_functionalized_v2_of_a_compiled_region_that_mutates_its_input():
     assert all("val" in n.meta for n in gm.get_submodule(calls[0].kwargs["subgraph"].target).graph.nodes)
 
 
+@pytest.mark.parametrize("which", [0, 1], ids=["input", "mutated_buffer"])
+def test_auto_functionalized_v2_of_a_mutating_region_refuses_training_as_real_execution_does(which):
+    """Adversary finding: with an input that requires grad, real execution refuses (the region
+    mutates an input under autograd); fxprop propagated."""
+    @torch.compiler.nested_compile_region
+    def region(x, buffer):
+        buffer.add_(1)
+        return x * 2
+
+    gm, inputs = _aot_forward(lambda x, buffer: region(x, buffer) + region(x, buffer), torch.randn(4, 4),
+                              torch.zeros(4, 4))
+    inputs = [t.clone().requires_grad_(i == which) for i, t in enumerate(inputs)]
+    with pytest.raises(RuntimeError):
+        gm(*[t.clone() if not t.requires_grad else t.detach().clone().requires_grad_() for t in inputs])
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, *inputs)
+    assert caught.value.error_type is RuntimeError
+
+
 def test_with_effects_of_the_print_op():
     from torch._higher_order_ops.print import print as hop_print
 
@@ -520,14 +570,29 @@ def test_with_effects_of_the_print_op():
     assert token.shape == (0,) and out.shape == (3,)
 
 
-@pytest.mark.parametrize("format_str,args,kwargs", [("{} {}", 1, {}), ("{1}", 1, {}), ("{name.real}", 1, {}),
-                                                    ("{} {}", 2, {}), ("{0[1]}", 1, {}), ("{n}", 0, {"n": 1})])
-def test_print_refuses_a_format_as_str_format_does(format_str, args, kwargs, capsys):
+PRINT_FORMATS = [  # (format, shapes of the positional tensors, of the keyword ones, dtype)
+    ("{} {}", [(2,)], {}, torch.float32), ("{1}", [(2,)], {}, torch.float32), ("{} {}", [(2,), (2,)], {}, torch.float32),
+    ("{0[1]}", [(2,)], {}, torch.float32), ("{0[7]}", [(3,)], {}, torch.float32), ("{n}", [], {"n": (2,)}, torch.float32),
+    ("{name.real}", [(2,)], {}, torch.float32), ("{0.shape}", [(2,)], {}, torch.float32),
+    ("{0.no_such_attribute}", [(2,)], {}, torch.float32), ("{x[0]}", [], {"x": (2,)}, torch.float32),
+    ("{x[0]}", [], {"x": ()}, torch.float32), ("{:.2f}", [()], {}, torch.float32), ("{:.2f}", [(2,)], {}, torch.float32),
+    ("{0:d}", [()], {}, torch.int64), ("{0:d}", [()], {}, torch.float32), ("{{}}", [], {}, torch.float32),
+    ("{} {0}", [(2,)], {}, torch.float32), ("{0!x}", [(2,)], {}, torch.float32), ("{0:{3}}", [(2,)], {}, torch.float32),
+    ("{", [], {}, torch.float32), ("}", [], {}, torch.float32), (5, [], {}, torch.float32),
+]
+
+
+@pytest.mark.parametrize("format_str,shapes,keyword_shapes,dtype", PRINT_FORMATS,
+                         ids=[f"{f!r}-{len(a)}-{sorted(k)}-{d}" for f, a, k, d in PRINT_FORMATS])
+def test_print_refuses_a_format_as_the_real_print_does(format_str, shapes, keyword_shapes, dtype, capfd):
+    """Adversary findings: fields, attributes, indices, conversions and format specs are refused as
+    real formatting refuses them, and a format that is not a string as the op's own assertion."""
     graph = torch.fx.Graph()
-    xs = [graph.placeholder(f"x{i}") for i in range(args)]
-    graph.output(graph.call_function(hop.print, (format_str, *xs), kwargs))
+    xs = [graph.placeholder(f"x{i}") for i in range(len(shapes))]
+    named = {name: graph.placeholder(name) for name in keyword_shapes}
+    graph.output(graph.call_function(hop.print, (format_str, *xs), named))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    inputs = [torch.randn(2) for _ in xs]
+    inputs = [torch.ones(shape, dtype=dtype) for shape in [*shapes, *keyword_shapes.values()]]
     try:
         gm(*inputs)
     except Exception as real:
@@ -535,9 +600,9 @@ def test_print_refuses_a_format_as_str_format_does(format_str, args, kwargs, cap
             fxprop.propagate(gm, *inputs)
         assert caught.value.error_type is type(real)
     else:
-        capsys.readouterr()
+        capfd.readouterr()
         fxprop.propagate(gm, *inputs)
-        assert capsys.readouterr().out == ""  # nothing is printed while propagating
+        assert capfd.readouterr().out == ""  # nothing is printed while propagating
 
 
 # --- nesting and errors ----------------------------------------------------------------------------

@@ -85,7 +85,14 @@ UNTRACKED = {
         torch.arange(x.size(0) + 256).to(torch.uint8)[256:].long()),
     "a view as another dtype reinterprets the values": lambda m, x: m.table(
         torch.arange(x.size(0) + 4).view(torch.int32)[1::2].long()),
+    "written in place after it was made": lambda m, x: m.table(torch.arange(x.size(0) + 4).clamp_(max=7)),
+    "a view of it written in place": lambda m, x: m.table(_clamped_through_a_view(torch.arange(x.size(0) + 4))),
 }
+
+
+def _clamped_through_a_view(positions):
+    positions.view(-1)[1:].clamp_(max=7)
+    return positions
 
 
 @pytest.mark.parametrize("length", [3, 6, 8])

@@ -235,6 +235,41 @@ def test_a_failure_inside_a_vmap_level_leaves_functorch_as_it_was():
     assert torch._C._functorch.get_dynamic_layer_stack_depth() == 0
 
 
+def _dynamo_graph(fn, *args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return graphs[0]
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad", "jacfwd"])
+def test_a_failure_inside_a_functorch_transform_leaves_autograd_as_it_was(transform):
+    """Adversary finding: a dynamo graph of ``torch.func.jvp`` that failed between entering and
+    leaving forward AD left a dual level open (the next jvp raised "Nested forward mode AD"), and
+    one of ``grad`` left saved-tensor hooks disabled."""
+    calls = {"jvp": lambda x, w: torch.func.jvp(lambda y: y @ w, (x,), (x,)),
+             "grad": lambda x, w: torch.func.grad(lambda y: (y @ w).sum())(x),
+             "jacfwd": lambda x, w: torch.func.jacfwd(lambda y: y @ w)(x)}
+    gm = _dynamo_graph(calls[transform], torch.randn(3, 3), torch.randn(3, 3))
+
+    def modes():
+        return (torch._C._functorch.get_dynamic_layer_stack_depth(), torch._C._is_fwd_grad_enabled(),
+                torch._C._autograd._saved_tensors_hooks_is_enabled(), torch.is_grad_enabled())
+    before = modes()
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(gm, torch.randn(3, 3), torch.randn(4, 4))
+    assert modes() == before
+    with torch.autograd.forward_ad.dual_level():
+        pass
+    assert torch.func.jvp(torch.sin, (torch.randn(2),), (torch.randn(2),))[1].shape == (2,)
+    fxprop.propagate(gm, torch.randn(3, 3), torch.randn(3, 3))  # and the graph itself still propagates
+    assert modes() == before
+
+
 class MaskedAttention(nn.Module):
     """SDPA with a mask of fixed sizes and a query whose sizes dynamo makes symbolic."""
 

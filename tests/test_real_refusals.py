@@ -12,6 +12,45 @@ import fxprop.testing
 from fxprop.testing import check_rule
 
 x34 = torch.randn(3, 4)
+
+
+# Writes whose input partially overlaps the written tensor, as graphs see them.
+def add_previous(b):
+    return b[1:].add_(b[:-1])
+
+
+def add_disjoint(b):
+    return b[:2].add_(b[2:])
+
+
+def add_transposed(b):
+    return b.view(2, 2).t().add_(b.view(2, 2))
+
+
+def add_element_inside(b):
+    return b[:-1].add_(b[1])
+
+
+def add_element_outside(b):
+    return b[1:].add_(b[0])
+
+
+def abs_shifted_out(b):
+    return torch.abs(b[:-1], out=b[1:])
+
+
+def copy_previous(b):
+    return b[1:].copy_(b[:-1])
+
+
+def clamp_previous(b):
+    return b[1:].clamp_(min=b[:-1])
+
+
+def mul_strided(b):
+    return b[::2].mul_(b[1::2])
+
+
 CASES = {
     # convolution parameters (ATen's check_shape_forward)
     "conv2d negative padding": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=-1)),
@@ -66,6 +105,30 @@ CASES = {
                                                          (torch.zeros(2, 3, 4), 1, torch.tensor([-1])), {}),
     "index_select past dim 0 of a 2-d tensor": (torch.index_select, (torch.zeros(2, 3), 0, torch.tensor([5])), {}),
     "index_select past the end of a 1-d tensor": (torch.index_select, (torch.zeros(3), 0, torch.tensor([5])), {}),
+    "abs of bools into out=": (torch.abs, (torch.zeros(3, dtype=torch.bool),), {"out": torch.zeros(3, dtype=torch.bool)}),
+    "bitwise_and of floats into out=": (torch.bitwise_and, (torch.zeros(3), torch.zeros(3)), {"out": torch.zeros(3)}),
+    "gelu of ints into out= (its out= form is not tagged pointwise)": (
+        torch._C._nn.gelu, (torch.zeros(3, dtype=torch.long),), {"out": torch.zeros(3, dtype=torch.long)}),
+    "amax of complex into out=": (torch.amax, (torch.zeros(3, 2, dtype=torch.complex64), 0),
+                                  {"out": torch.zeros(2, dtype=torch.complex64)}),
+    "stack of floats into a long out=": (torch.stack, ([torch.zeros(2), torch.zeros(2)],),
+                                         {"out": torch.zeros(2, 2, dtype=torch.long)}),
+    "cat of floats into a long out=": (torch.cat, ([torch.zeros(2), torch.zeros(2)],), {"out": torch.zeros(4, dtype=torch.long)}),
+    "mean into a long out=": (torch.mean, (torch.zeros(2, 2), 0), {"out": torch.zeros(2, dtype=torch.long)}),
+    "_local_scalar_dense of an empty tensor": (torch.ops.aten._local_scalar_dense.default, (torch.zeros(0),), {}),
+    "bincount of an empty input with float weights (int64 counts)": (
+        torch.bincount, (torch.zeros(0, dtype=torch.long),), {"weights": torch.zeros(0), "minlength": 3}),
+    "index_select with a 2-d index": (torch.index_select, (torch.zeros(4, 3), 0, torch.zeros(2, 2, dtype=torch.long)),
+                                      {}),
+    "index_select of a 0-dim tensor with a 2-d index": (torch.index_select,
+                                                        (torch.tensor(1.0), 0, torch.zeros(1, 1, dtype=torch.long)), {}),
+    "index_select with a float index": (torch.index_select, (torch.zeros(4, 3), 0, torch.zeros(2)), {}),
+    "index_select with an int16 index": (torch.index_select, (torch.zeros(4, 3), 0, torch.zeros(2, dtype=torch.int16)),
+                                         {}),
+    "index_select of a 0-dim tensor with two float indices": (torch.index_select,
+                                                              (torch.tensor(1.0), 0, torch.zeros(2)), {}),
+    "index_select with a 0-dim int32 index": (torch.index_select, (torch.zeros(4, 3), 1, torch.tensor(2, dtype=torch.int32)),
+                                              {}),
     "index_copy": (torch.index_copy, (x34, 0, torch.tensor([0, 2]), torch.randn(2, 4)), {}),
     "index_copy with a 2-d index": (torch.index_copy, (x34, 0, torch.tensor([[0, 1]]), torch.randn(2, 4)), {}),
     "index_copy of a 0-dim source at two places": (torch.index_copy, (x34, 0, torch.tensor([0, 1]), torch.tensor(1.0)),
@@ -135,6 +198,17 @@ CASES = {
     "add_ into an expanded tensor": ("add_", (torch.zeros(3, 1).expand(3, 3), 1), {}),
     "mul_ into an expanded tensor": ("mul_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
     "copy_ into an expanded tensor": ("copy_", (torch.zeros(1).expand(3), torch.randn(3)), {}),
+    # an input that partially overlaps the written tensor (views of one storage)
+    "add_ of the previous elements": (add_previous, (torch.arange(4.0),), {}),
+    "add_ of a disjoint slice": (add_disjoint, (torch.arange(4.0),), {}),
+    "add_ of the same elements transposed": (add_transposed, (torch.arange(4.0),), {}),
+    "add_ of a 0-dim element inside": (add_element_inside, (torch.arange(4.0),), {}),
+    "add_ of a 0-dim element outside": (add_element_outside, (torch.arange(4.0),), {}),
+    "abs into an out= shifted by one": (abs_shifted_out, (torch.arange(4.0),), {}),
+    "copy_ of the previous elements": (copy_previous, (torch.arange(4.0),), {}),
+    "clamp_ by the previous elements": (clamp_previous, (torch.arange(4.0),), {}),
+    "mul_ of strided views (too hard to tell: torch lets them pass)": (
+        mul_strided, (torch.arange(4.0),), {}),
     "frexp into an expanded mantissa": (torch.frexp, (torch.randn(3),),
                                         dict(out=(torch.zeros(1).expand(3), torch.zeros(3, dtype=torch.int32)))),
     "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),

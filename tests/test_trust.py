@@ -205,6 +205,18 @@ def test_a_write_through_data_or_a_shared_storage_ends_known_values():
     assert all(isinstance(v, torch.SymInt) for v in fxprop.propagate(gm, x, x[1:]))
 
 
+def test_data_swapped_by_setattr_ends_known_values():
+    """Adversary finding: ``a.data = t`` changes a's values without an in-place op; ``a.item()``
+    gave a's old value."""
+    graph = torch.fx.Graph()
+    a, t = graph.placeholder("a"), graph.placeholder("t")
+    graph.call_function(setattr, (a, "data", t))
+    graph.output(graph.call_method("item", (a,)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert gm(torch.tensor(1), torch.tensor(5)) == 5
+    assert isinstance(fxprop.propagate(gm, torch.tensor(1), torch.tensor(5)), torch.SymInt)
+
+
 def test_a_buffer_a_module_updated_before_it_is_read_has_no_known_value():
     root = torch.nn.Module()
     root.bn = torch.nn.BatchNorm1d(3)

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils import flop_counter
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
-                            has_kernel_for_dispatch_key, own_state, packet_of)
+                            functorch_unwrapped, has_kernel_for_dispatch_key, own_state, packet_of, pytree)
 
 aten = torch.ops.aten
 
@@ -448,7 +448,9 @@ def _is_free(target: Any) -> bool:
 
 
 def _annotation(node: torch.fx.Node) -> Any:
-    return node.meta.get("val")
+    """The node's value; inside a vmap level, the batched tensor's physical one, which the kernel
+    that vmap's batching rule calls computes on."""
+    return pytree.tree_map_only(torch.Tensor, functorch_unwrapped, node.meta.get("val"))
 
 
 def _holds_tensor(value: Any) -> bool:

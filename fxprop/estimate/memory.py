@@ -23,7 +23,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 import torch.fx
 
-from ..torch_compat import FakeTensor, OpOverload, schema_of, storage_key
+from ..torch_compat import FakeTensor, OpOverload, functorch_unwrapped, schema_of, storage_key
 
 
 @dataclass
@@ -54,9 +54,10 @@ class MemoryTrace:
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
-    """The tensors of a node's value: a tensor, or tuples, lists and dicts of them."""
+    """The tensors of a node's value: a tensor, or tuples, lists and dicts of them. A value inside a
+    functorch transform (a vmap level's batched tensor) is counted as the tensor it wraps."""
     if isinstance(value, torch.Tensor):
-        return [value]
+        return [functorch_unwrapped(value)]
     if isinstance(value, (tuple, list)):
         return [tensor for item in value for tensor in tensors_in(item)]
     if isinstance(value, dict):

@@ -94,7 +94,10 @@ def known_values(tensor: torch.Tensor) -> torch.Tensor | None:
 
 @rule(aten._local_scalar_dense.default, aten.item.default)
 def local_scalar_dense(input: torch.Tensor):
-    """A value read from data: a fresh symbol, unless the tensor is one the user passed in for real."""
+    """A value read from data: a fresh symbol, unless the tensor is one the user passed in for real.
+    An empty tensor holds no value to read."""
+    numel = _numel(input)
+    check(not (isinstance(numel, int) and numel == 0), lambda: "_local_scalar_dense: Empty tensor not supported")
     known = known_values(input)
     if known is not None:
         with context.on_host():
@@ -129,12 +132,15 @@ def unique_dim_consecutive(input: torch.Tensor, dim: int, return_inverse: bool =
 @rule(aten.bincount.default)
 def bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
     """The length is ``max(max(self) + 1, minlength)``: a fresh size of at least ``minlength`` (exactly
-    ``minlength`` for an empty input). Weighted counts are float32 for float32 weights, else float64."""
+    ``minlength`` for an empty input). Weighted counts are float32 for float32 weights, else float64;
+    an empty input counts nothing, in int64 whatever the weights."""
     check(self.dim() == 1 and not (self.dtype.is_floating_point or self.dtype.is_complex),
           lambda: f"bincount only supports 1-d non-negative integral inputs, got a {self.dim()}-d {self.dtype} tensor")
     check(minlength >= 0, lambda: "minlength should be >= 0")
     length = minlength if _numel(self) == 0 else symbolic.current().fresh_size(None, lower=max(minlength, 1))
-    dtype = torch.int64 if weights is None else torch.float32 if weights.dtype == torch.float32 else torch.float64
+    empty = isinstance(_numel(self), int) and _numel(self) == 0
+    dtype = torch.int64 if weights is None or empty else (
+        torch.float32 if weights.dtype == torch.float32 else torch.float64)
     return torch.empty((length,), dtype=dtype, device="meta")
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
-import string
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -67,6 +65,10 @@ def _stacked(value: Any, length: Any) -> Any:
         return value
     shape = (length, *value.shape)
     return _fresh(shape, symbolic.contiguous_strides(shape), value.dtype, device_of(value))
+
+
+def _is_zero(size: Any) -> bool:
+    return isinstance(size, int) and size == 0
 
 
 def _step_slice(x: torch.Tensor) -> torch.Tensor:
@@ -570,6 +572,8 @@ def map_impl(f, xs, pos_args):
     length = xs[0].shape[0] if xs[0].dim() else None
     check(all(x.dim() > 0 and symbolic.definitely_equal(x.shape[0], length) for x in xs),
           lambda: f"Leaves of xs must have same leading dimension size {[tuple(x.shape) for x in xs]}")
+    if _is_zero(length):  # torch's kernel stacks the results of no call: it has no structure to give them
+        raise PropagationError("map over a leading dim of size 0: out_spec cannot be None", error_type=AssertionError)
     with torch.no_grad():
         out = _walk(f, [*(_step_slice(x) for x in xs), *pos_args])
     flat, spec = pytree.tree_flatten(out)
@@ -588,6 +592,9 @@ def scan(combine_fn, init, xs, additional_inputs):
     length = xs[0].shape[0]
     check(all(x.dim() > 0 and symbolic.definitely_equal(x.shape[0], length) for x in xs),
           lambda: f"scan: all xs must have the same leading dimension, got {[tuple(x.shape) for x in xs]}")
+    if _is_zero(length):  # torch's kernel selects the first step's slice to trace the body with
+        raise PropagationError(f"select(): index 0 out of range for tensor of size {list(xs[0].shape)} at dimension 0",
+                               error_type=IndexError)
     with torch.no_grad():
         out = pytree.tree_leaves(_walk(combine_fn, [*init, *(_step_slice(x) for x in xs), *additional_inputs]))
     carry, ys = out[:len(init)], out[len(init):]
@@ -677,10 +684,14 @@ def auto_functionalized(_mutable_op, /, **kwargs):
 @rule(higher_order.auto_functionalized_v2)
 def auto_functionalized_v2(_mutable_op, /, **kwargs):
     """``_mutable_op`` on views regenerated from clones of the mutated arguments' bases
-    (``_all_bases``): returns its results, then the cloned bases."""
+    (``_all_bases``): returns its results, then the cloned bases. A higher-order op that mutates
+    its inputs refuses to run where autograd records it (an input requiring grad, grad enabled)."""
     if isinstance(_mutable_op, OpOverload):
         _, dense = auto_functionalized_kernels()
         return dense(_mutable_op, _only_clone_these_bases=None, **kwargs)
+    check(not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors_in((), kwargs))),
+          lambda: f"auto_functionalized_v2 of {target_name(_mutable_op)}: the higher-order op does not support "
+                  "training with in-place input or buffer mutations")
     args, keywords, cloned_bases = functionalized_hop_call(kwargs)
     devices = {storage_key(clone): device_of(base) for clone, base in zip(cloned_bases, kwargs.get("_all_bases", []))}
     for tensor in [*cloned_bases, *tensors_in(args, keywords)]:  # the clones and the views regenerated from them
@@ -721,24 +732,30 @@ def with_effects(token, op, *args, **kwargs):
 
 @rule(higher_order.print)
 def print_(format_str, *args, **kwargs):
-    """``print(format_str.format(*args, **kwargs))``: returns None. Nothing is printed; the format
-    is only parsed, and refused as ``str.format`` refuses a field that no argument fills."""
+    """``print(format_str.format(*args, **kwargs))``: returns None. Nothing is printed: the string is
+    formatted once with host stand-ins of the tensors (zeros of their sizes and dtypes), so that a
+    field, attribute, index or format spec that real formatting refuses is refused with its error.
+    Tensors of symbolic sizes, or too many elements to stand in for, and symbolic numbers, are
+    taken on trust."""
     if not isinstance(format_str, str):
-        raise PropagationError(f"print: expected a format string, got {type(format_str).__name__}",
-                               error_type=TypeError)
-    automatic = 0
-    for _, field, _, _ in string.Formatter().parse(format_str):
-        if field is None:
-            continue
-        name = re.match(r"[^.\[]*", field).group(0)
-        if name == "":
-            name, automatic = str(automatic), automatic + 1
-        if name.isdigit() and int(name) >= len(args):
-            raise PropagationError(f"Replacement index {name} out of range for positional args tuple",
-                                   error_type=IndexError)
-        if not name.isdigit() and name not in kwargs:
-            raise PropagationError(repr(name), error_type=KeyError)
+        raise PropagationError(f"print: the format must be a string, got {type(format_str).__name__}",
+                               error_type=AssertionError)
+    leaves = pytree.tree_leaves((args, kwargs))
+    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves) or any(
+            isinstance(v, torch.Tensor) and (symbolic.has_symbolic([v]) or v.numel() > _PRINT_STAND_IN_LIMIT)
+            for v in leaves):
+        return None
+    with context.on_host():
+        stand_ins = pytree.tree_map_only(torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cpu"),
+                                           (args, kwargs))
+        try:
+            format_str.format(*stand_ins[0], **stand_ins[1])
+        except Exception as error:  # noqa: BLE001 - whatever str.format raises is the real print's refusal
+            raise PropagationError(f"print: {error}", error_type=type(error)) from None
     return None
+
+
+_PRINT_STAND_IN_LIMIT = 1 << 16  # elements
 
 
 transfer(higher_order.wrap_with_set_grad_enabled, higher_order.wrap_with_autocast, higher_order.wrap,

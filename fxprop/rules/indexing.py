@@ -21,12 +21,15 @@ aten = torch.ops.aten
 @rule(aten.index_select.default)
 def index_select(self, dim, index):
     """Corrects aten.index_select's meta kernel: real kernels wrap ``dim`` (a 0-dim tensor takes -1
-    and 0), take exactly one index into a 0-dim tensor, and refuse an index outside
-    ``[0, size)`` (checked where the index's values are known); the meta kernel checks none."""
+    and 0), take an index of at most one dim, exactly one index into a 0-dim tensor, an int32 or
+    int64 index, and refuse an index outside ``[0, size)`` (checked where the index's values are
+    known); the meta kernel checks none of these."""
     dim = wrap_dim(dim, self.dim())
+    check_index(index.dim() <= 1, lambda: "index_select(): Index is supposed to be a vector")
     if self.dim() == 0:
         check(index.numel() == 1,
               lambda: f"index_select(): Index to scalar can have only 1 value, got {index.numel()} value(s)")
+    check(index.dtype in (torch.int32, torch.int64), lambda: "index_select(): Expected dtype int32 or int64 for index")
     values = known_values(index)
     if values is not None and values.numel():
         size = self.size(dim) if self.dim() else 1
