@@ -1221,6 +1221,19 @@ def test_cached_results_keep_their_aliasing(cache):
         assert out.requires_grad
 
 
+@pytest.mark.parametrize("mkldnn", [True, False])
+@pytest.mark.parametrize("shape,stride,weight", [((1, 1, 2), (2, 1, 1), (2, 1, 1)), ((2, 1, 3), (3, 1, 1), (3, 1, 2)),
+                                                 ((1, 1, 2), (2, 1, 1), (2, 1, 2)), ((2, 3, 5), (15, 1, 3), (4, 3, 2))])
+def test_conv1d_lays_out_as_the_2d_convolution_aten_runs(shape, stride, weight, mkldnn):
+    """Finding (campaign seed 1796322163): a (1, 1, 2) input with strides (2, 1, 1) reads as
+    channels_last once ATen views the 1-d convolution as a 2-d one; the output was laid out
+    contiguous."""
+    from fxprop.testing import assert_matches_real
+    gm = torch.fx.symbolic_trace(lambda x, w: torch.conv1d(x, w))
+    with torch.backends.mkldnn.flags(enabled=mkldnn):
+        assert_matches_real(gm, torch.randn(40).as_strided(shape, stride), torch.randn(weight), cache=False)
+
+
 def test_stack_of_an_elementwise_result_in_size_one_dims():
     """Finding (campaign seed 1796217672): the CPU lays out ``abs`` of a (1, 1, 2, 1) tensor with strides
     (2, 1, 1, 1) as (2, 2, 1, 1), torch's python meta kernels as (2, 1, 1, 1); stacking the two along a

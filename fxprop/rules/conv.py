@@ -77,11 +77,27 @@ def convolution(input, weight, bias, stride, padding, dilation, transposed, outp
                      lambda: f"expected scalar type {input.dtype} but found {other.dtype}")
     out = aten.convolution.default(input, weight, bias, stride, padding, dilation, transposed,
                                    output_padding, groups)
+    if weight.dim() == 3:
+        return _as_2d_convolution(out, input, weight, bias, stride, padding, dilation, transposed, output_padding,
+                                  groups)
     memory_format = _output_format(input, weight, bias, stride, padding, dilation, transposed, output_padding,
                                    groups)
     if memory_format is not None and not out.is_contiguous(memory_format=memory_format):
         out = out.contiguous(memory_format=memory_format)
     return out
+
+
+def _as_2d_convolution(out, input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """ATen runs a 1-d convolution as a 2-d one of height 1 (``view1d_as_2d``, on the input made
+    contiguous), so the 2-d kernels' choice of memory format decides the layout: a (1, 1, L) input
+    whose channel stride is 1 reads as channels_last there."""
+    input_2d = input.contiguous().unsqueeze(2)
+    memory_format = _output_format(input_2d, weight.unsqueeze(2), bias, [1, *stride], [0, *padding], [1, *dilation],
+                                   transposed, [0, *output_padding], groups)
+    if memory_format is None:
+        return out
+    return torch.empty((*out.shape[:2], 1, *out.shape[2:]), dtype=out.dtype, device=out.device,
+                       memory_format=memory_format).squeeze(2)
 
 
 # cuDNN's convolutions: CUDA-only kernels with no meta kernel, shaped as aten.convolution.
