@@ -26,7 +26,7 @@ from .devices import device_of, tag
 from .devices.transfers import tensors_in
 from .errors import FallbackLimitError
 from .torch_compat import (DelayedError, OpOverload, OpOverloadPacket, functorch_depth, is_view, schema_of,
-                           set_grad_enabled_op, view_base)
+                           set_grad_enabled_op, storage_key, view_base)
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
@@ -267,11 +267,15 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
                 return AliasRecord(index, None)
         record = TensorRecord(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
                               value.requires_grad, device_of(value))
+        shares_storage = any(storage_key(tensor) == storage_key(value) for tensor in inputs)
         if not is_view(value):
-            return record
+            # a result sharing an input's storage that autograd does not call a view (``view(dtype)``
+            # through its composite kernel): a fresh tensor would lose the alias
+            return None if shares_storage else record
         aliased = [index for index, tensor in enumerate(inputs) if _same_base(value, tensor)]
         if not aliased:
-            return record  # a view of an intermediate the graph never sees: a fresh tensor is as good
+            # a view of an intermediate the graph never sees: a fresh tensor is as good
+            return None if shares_storage else record
         index = aliased[0]
         if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
             return None
@@ -375,9 +379,9 @@ class CallMemo:
         provenance = entry.provenance
         if provenance.fallback_bytes > fallback_limit_bytes:
             raise FallbackLimitError(
-                f"{provenance.rule}: running it on real tensors needs {provenance.fallback_bytes:,} bytes, over the "
-                f"fallback limit of {fallback_limit_bytes:,} bytes (raise it with propagate(..., "
-                "fallback_limit_bytes=N) or register a rule)")
+                f"{provenance.rule}: running it on real tensors needs {provenance.fallback_bytes:,} bytes (its "
+                f"inputs, outputs and temporaries when it first ran), over the fallback limit of "
+                f"{fallback_limit_bytes:,} bytes (raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
         inputs = tensors_in(args, kwargs) if entry.mentions_alias else []
         return rebuild(entry.recipe, inputs), provenance
 

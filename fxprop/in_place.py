@@ -57,29 +57,63 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
               lambda: f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output type {scalar_type_name(self.dtype)}")
 
 
+@lru_cache(maxsize=4096)
 def is_elementwise(op: OpOverload) -> bool:
-    """Tagged pointwise, or the in-place form of an op that is (``abs_``, ``ge_``: torch tags only some)."""
+    """Tagged pointwise, or the in-place or out= form of an op that is (``abs_``, ``ge_``,
+    ``gelu.out``: torch tags only some)."""
     if torch.Tag.pointwise in op.tags:
         return True
     twin = functional_twin(op)
-    return twin is not None and torch.Tag.pointwise in twin.tags
+    return (twin is not None and torch.Tag.pointwise in twin.tags) or _out_form_of_pointwise(op)
+
+
+def _fills_at_random(op: OpOverload) -> bool:
+    """``uniform_``, ``bernoulli_``, ``rand(out=)``: random fills of a tensor run by TensorIterator."""
+    return torch.Tag.nondeterministic_seeded in op.tags and schema_of(op).is_mutable
+
+
+def _out_form_of_pointwise(op: OpOverload) -> bool:
+    schema = schema_of(op)
+    if op.namespace != "aten" or not schema.is_mutable or not any(a.name == "out" for a in schema.arguments):
+        return False
+    inputs = [(a.name, str(a.type)) for a in schema.arguments if a.name != "out"]
+    packet = getattr(aten, schema.name.split("::", 1)[1])
+    return any(torch.Tag.pointwise in overload.tags and not schema_of(overload).is_mutable
+               and [(a.name, str(a.type)) for a in schema_of(overload).arguments] == inputs
+               for overload in (getattr(packet, name) for name in packet.overloads()))
 
 
 def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    if not is_elementwise(op) and op is not aten.copy_.default:
+    if not (is_elementwise(op) or op is aten.copy_.default or _fills_at_random(op)):
         return
     if op is aten.copy_.default and len(args) > 1 and _same_view(args[0], args[1]):
         return  # copy_ returns before it looks: nothing to write
     if op is aten.conj_physical_.default and args and not args[0].is_complex():
         return  # the conjugate of a real tensor is the tensor: nothing is written
-    inputs = [value for value in pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
-    for tensor in written_arguments(op, args, kwargs):
+    written = written_arguments(op, args, kwargs)
+    if op is aten.copy_.default and len(args) > 1 and _converts_by_fbgemm(args[0], args[1]):
+        return  # the CPU converts float32 and float16 with FBGEMM, before TensorIterator checks anything
+    # TensorIterator compares each output with the inputs only: outputs may overlap each other (frexp's)
+    inputs = [value for value in pytree.tree_leaves((args, kwargs))
+              if isinstance(value, torch.Tensor) and not any(value is out for out in written)]
+    for tensor in written:
         check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
               lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
                       "memory location. Please clone() the tensor before performing the operation.")
         check(not any(partially_overlap(tensor, other) for other in inputs),
               lambda: "unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
                       "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _converts_by_fbgemm(self: torch.Tensor, src: torch.Tensor) -> bool:
+    """ATen's copy_ fast path between float32 and float16 CPU tensors of one size and layout."""
+    from .context import node_device
+    device = node_device()
+    return "fbgemm" in torch.backends.quantized.supported_engines and (
+        {self.dtype, src.dtype} == {torch.float32, torch.float16} and (device is None or device.type == "cpu")
+        and not has_symbolic_layout(self) and not has_symbolic_layout(src) and self.shape == src.shape
+        and ((self.is_contiguous() and src.is_contiguous())
+             or (is_non_overlapping_and_dense(self) and self.stride() == src.stride())))
 
 
 def partially_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -19,7 +19,6 @@ on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
 
-import functools
 import math
 import threading
 from typing import Any
@@ -29,7 +28,7 @@ import torch
 from . import context, symbolic
 from .errors import PropagationError
 from .in_place import is_elementwise, written_arguments
-from .torch_compat import OpOverload, pytree, schema_of
+from .torch_compat import OpOverload, pytree
 
 _ANSWER_LIMIT = 8192
 _answers: dict[tuple, tuple[type, str] | None] = {}
@@ -51,25 +50,12 @@ _RARELY_IMPLEMENTED = frozenset({torch.complex32, torch.complex64, torch.complex
 def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: Any = None) -> None:
     """Raise as the CPU kernel would when it has no implementation for these dtypes (``result``:
     what the meta kernel made of the call; the host is not asked for outputs over the limit)."""
-    if is_elementwise(op) or _out_form_of_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
+    if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
         _check(op, args, kwargs)
     elif op.namespace == "aten" and any(
             isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
         if not _too_big_to_ask(args, kwargs, result):
             _check(op, args, kwargs, full_size=True)
-
-
-@functools.lru_cache(maxsize=4096)
-def _out_form_of_elementwise(op: OpOverload) -> bool:
-    """``gelu.out`` for ``gelu``: torch tags the functional overload pointwise, not always its out= form."""
-    schema = schema_of(op)
-    if op.namespace != "aten" or not schema.is_mutable or not any(a.name == "out" for a in schema.arguments):
-        return False
-    inputs = [(a.name, str(a.type)) for a in schema.arguments if a.name != "out"]
-    packet = getattr(torch.ops.aten, schema.name.split("::", 1)[1])
-    return any(torch.Tag.pointwise in overload.tags and not schema_of(overload).is_mutable
-               and [(a.name, str(a.type)) for a in schema_of(overload).arguments] == inputs
-               for overload in (getattr(packet, name) for name in packet.overloads()))
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
@@ -171,4 +157,6 @@ def _about_dtypes(message: str) -> bool:
     (a NotImplementedError always is: a kernel missing for these types)."""
     return any(phrase in message for phrase in ("not implemented for", "not yet implemented for", "not supported for",
                                                 "inputs not supported", "only support", "does not support",
-                                                "is not supported", "without overflow"))
+                                                "is not supported", "without overflow", "Found dtype",
+                                                "can't be cast to the desired output type", "Expected the dtype",
+                                                "supports bool tensor for result"))

@@ -5,8 +5,9 @@ numbers): rules read them to check indices and answer ``.item()``. A known value
 while the tensor is unchanged: an in-place op on it, or on a view of it, bumps the version
 counter it shares with its views; a swap of its data (``t.data = other``) changes its storage;
 and any op that writes a tensor sharing its storage (a ``.data`` view, a library op's
-``Tensor(a!)`` argument) forgets it. From then on its values are not known (a later ``.item()`` is a symbol, not the stale number). Real tensors given that share
-a storage are not known at all: a write through one would change the other.
+``Tensor(a!)`` argument) forgets it. From then on its values are not known (a later ``.item()``
+is a symbol, not the stale number). Real tensors given that share a storage are not known at
+all: a write through one would change the other.
 """
 from __future__ import annotations
 

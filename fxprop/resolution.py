@@ -11,11 +11,12 @@ For an aten or custom op the order is::
       -> the real-tensor fallback on the host (any op with a CPU kernel)
       -> unsupported
 
-with three turns that depend on the call's values: a device rule that answers on its own
+with four turns that depend on the call's values: a device rule that answers on its own
 (``x.device``, ``x.is_cuda``) gives the kind "device"; inputs with symbolic sizes refuse the
-fallback (there is no data to run on); and an op whose output *shape* depends on the data
-(tagged ``dynamic_output_shape``) never falls back on synthesized data. A custom op whose
-Meta kernel only refuses ("no fake impl registered") has no meta kernel.
+fallback (there is no data to run on); an op whose output *shape* depends on the data (tagged
+``dynamic_output_shape``) never falls back on synthesized data; and a call of only empty CPU
+tensors that the meta kernel refuses is asked of the CPU kernel (there are no values to make
+up). A custom op whose Meta kernel only refuses ("no fake impl registered") has no meta kernel.
 
 Torch-level callables, Tensor methods and modules with no rule of their own are composites:
 torch's own code runs on meta tensors, and each aten op it reaches is resolved by this same
@@ -187,7 +188,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
         return _fallback_or_unsupported(op, label, device_rule, why="a custom op with no fake implementation")
     if has(name, "Meta"):
         label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
-        return Rule(Kind.META, label, kinds=_or_on_the_host_when_empty(op, Kind.META), device_rule=device_rule)
+        return Rule(Kind.META, label, kinds=_meta_or_on_the_host_when_empty(op), device_rule=device_rule)
     if has(name, "CompositeImplicitAutograd"):
         return Rule(Kind.META, f"{label} (composite)", kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
     if torch.Tag.dynamic_output_shape in op.tags:
@@ -210,18 +211,18 @@ def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None
     return Rule(Kind.UNSUPPORTED, f"{label}: {why}, and no CPU kernel to fall back to", device_rule=device_rule)
 
 
-def _or_on_the_host_when_empty(op: OpOverload, kind: Kind) -> frozenset:
-    """``kind``, and the fallback where the meta kernel refuses a call whose tensors are all empty,
+def _meta_or_on_the_host_when_empty(op: OpOverload) -> frozenset:
+    """The meta kernel, and the fallback where the meta kernel refuses a call whose tensors are all empty,
     on the CPU: with no values to stand in for, the host's kernel gives the real answer, and CPU
     kernels return before checks that meta kernels make (``bmm`` of an empty float and an empty
     bool batch computes an empty bool result; the meta kernel refuses the dtypes). Views and
     writes keep their kernel, as they must alias their inputs, and random ops never reach the host."""
     schema = schema_of(op)
-    if (kind is Kind.META and op.namespace == "aten" and schema.returns and not schema.is_mutable
+    if (op.namespace == "aten" and schema.returns and not schema.is_mutable
             and not any(ret.alias_info for ret in schema.returns)
             and torch.Tag.nondeterministic_seeded not in op.tags and _has(op.name(), "CPU")):
-        return frozenset({kind, Kind.FALLBACK})
-    return frozenset({kind})
+        return frozenset({Kind.META, Kind.FALLBACK})
+    return frozenset({Kind.META})
 
 
 _EMPTY_CALL_SIZE_LIMIT = 1 << 16
@@ -252,8 +253,9 @@ def _meta_kernel_refuses(op: OpOverload, args: tuple, kwargs: dict) -> bool:
 
 def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict, device: torch.device | None) -> Rule:
     """The turns of the order that depend on the call's values (``device``: the call's own)."""
-    if (rule.kind is Kind.META and Kind.FALLBACK in rule.kinds and not rule.composite and device is not None
-            and device.type == "cpu" and _only_empty_tensors(args, kwargs) and _meta_kernel_refuses(target, args, kwargs)):
+    if (rule.kind is Kind.META and Kind.FALLBACK in rule.kinds and not rule.composite
+            and device is not None and device.type == "cpu"
+            and _only_empty_tensors(args, kwargs) and _meta_kernel_refuses(target, args, kwargs)):
         return rule.with_kind(Kind.FALLBACK)
     if rule.kind is Kind.FALLBACK and symbolic.has_symbolic((*args, *kwargs.values())):
         return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(target, args, kwargs))

@@ -333,3 +333,26 @@ def flat_apply_kernel() -> Any:
     rebuilt from their flat form (python over any tensors)."""
     from torch._higher_order_ops.flat_apply import impl
     return impl
+
+
+_ALLOCATION_RECORDING = torch.autograd.profiler_legacy.profile(profile_memory=True).config()
+
+
+def peak_allocated_bytes(fn) -> tuple[Any, int | None]:
+    """``fn()`` and the most bytes the CPU allocator held for it at once (temporaries and
+    results; what it held before is not counted), read from the legacy profiler's
+    allocation records, which cost microseconds and are kept per thread. None where a
+    profiler already runs on this thread: there is then no record of our own to read."""
+    if torch.autograd._profiler_enabled():
+        return fn(), None
+    torch.autograd._enable_profiler_legacy(_ALLOCATION_RECORDING)
+    try:
+        result = fn()
+    finally:
+        records = torch.autograd._disable_profiler_legacy()
+    live = peak = 0
+    for record in sorted((r for thread in records for r in thread if r.kind() == "memory_alloc"),
+                         key=lambda record: record.start_us()):
+        live += record.cpu_memory_usage()
+        peak = max(peak, live)
+    return result, peak

@@ -75,6 +75,37 @@ def test_fallback_cap_is_a_clear_error():
     assert all("val" not in n.meta for n in gm.graph.nodes)
 
 
+lib.define("spread_sum(Tensor x) -> Tensor")
+lib.impl("spread_sum", lambda x: x.expand(256, *x.shape).clone().sum(0), "CPU")
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_the_fallback_cap_counts_the_kernels_temporaries(cache):
+    """A kernel that holds 256 copies of its input at once: 4 KiB in, 4 KiB out, 1 MiB between."""
+    def spread_sum(x):
+        return torch.ops.fxprop_test.spread_sum(x)
+
+    gm = torch.fx.symbolic_trace(spread_sum)
+    x = fxprop.TensorSpec((1024,))
+    fxprop.propagate(gm, x, fallback_limit_bytes=2 << 20, cache=cache)
+    used = node_named(gm, "spread_sum").meta["fxprop"].fallback_bytes
+    assert 256 * 4096 <= used <= 2 << 20
+    fresh = torch.fx.symbolic_trace(spread_sum)
+    with pytest.raises(fxprop.FallbackLimitError, match="temporaries"):
+        fxprop.propagate(fresh, x, fallback_limit_bytes=64 << 10, cache=cache)
+    assert all("val" not in n.meta for n in fresh.graph.nodes)
+
+
+def test_the_fallback_runs_under_the_users_own_profiler():
+    """Where a profiler already runs, the kernel's temporaries cannot be read: inputs and outputs
+    are still counted, and the user's profile keeps the call."""
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_test.spread_sum(x))
+    with torch.autograd.profiler.profile() as profile:
+        fxprop.propagate(gm, fxprop.TensorSpec((1024,)), cache=False)
+    assert node_named(gm, "spread_sum").meta["fxprop"].fallback_bytes >= 2 * 4096
+    assert any("spread_sum" in event.name for event in profile.function_events)
+
+
 def test_lookup_order():
     aten = torch.ops.aten
     assert fxprop.lookup(aten.bmm.default).kind == "meta"

@@ -579,6 +579,10 @@ PRINT_FORMATS = [  # (format, shapes of the positional tensors, of the keyword o
     ("{0:d}", [()], {}, torch.int64), ("{0:d}", [()], {}, torch.float32), ("{{}}", [], {}, torch.float32),
     ("{} {0}", [(2,)], {}, torch.float32), ("{0!x}", [(2,)], {}, torch.float32), ("{0:{3}}", [(2,)], {}, torch.float32),
     ("{", [], {}, torch.float32), ("}", [], {}, torch.float32), (5, [], {}, torch.float32),
+    ("{0.shape[1]}", [(2, 3)], {}, torch.float32), ("{0.shape[2]}", [(2, 3)], {}, torch.float32),
+    ("{0.real:.2f}", [()], {}, torch.float32), ("{0.T[5]}", [(2, 3)], {}, torch.float32),
+    ("{0:{1.shape}}", [(2,), (2,)], {}, torch.float32), ("{x.dtype.is_signed}", [], {"x": (2,)}, torch.int32),
+    ("{0.grad_fn}", [(2,)], {}, torch.float32), ("{0.device.index}", [(2,)], {}, torch.float32),
 ]
 
 
@@ -603,6 +607,19 @@ def test_print_refuses_a_format_as_the_real_print_does(format_str, shapes, keywo
         capfd.readouterr()
         fxprop.propagate(gm, *inputs)
         assert capfd.readouterr().out == ""  # nothing is printed while propagating
+
+
+def test_print_takes_on_trust_what_a_propagated_value_need_not_share():
+    """Adversary finding: ``{y.grad_fn.name}`` of a computed tensor was refused, as a stand-in has
+    no grad_fn; the real print formats it."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.ops.aten.mul.Tensor, (x, x))
+    graph.output(graph.call_function(hop.print, ("{0.grad_fn.name} {0.shape[0]}", y), {}))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    x = torch.randn(3, requires_grad=True)
+    gm(x)
+    fxprop.propagate(gm, x)
 
 
 # --- nesting and errors ----------------------------------------------------------------------------

@@ -51,6 +51,38 @@ def mul_strided(b):
     return b[::2].mul_(b[1::2])
 
 
+def copy_float16_over_float32(b):
+    return b[0:4].copy_(b.view(torch.float16)[2:6])
+
+
+def copy_bfloat16_over_float32(b):
+    return b[0:4].copy_(b.view(torch.bfloat16)[2:6])
+
+
+def frexp_outputs_overlapping_each_other(b):
+    return torch.frexp(b[8:12], out=(b[0:4], b.view(torch.int32)[2:6]))
+
+
+def frexp_exponent_over_the_input(b):
+    return torch.frexp(b[0:4], out=(b[8:12], b.view(torch.int32)[2:6]))
+
+
+def gelu_into_a_shifted_out(b):
+    return torch._C._nn.gelu(b[0:4], out=b[2:6])
+
+
+def where_into_a_shifted_out(b):
+    return torch.where(b[0:4] > 0, b[0:4], 0.0, out=b[2:6])
+
+
+def uniform_into_an_expanded_tensor(b):
+    return b[0:1].expand(4).uniform_()
+
+
+def bernoulli_by_overlapping_probabilities(b):
+    return b[0:4].bernoulli_(b[2:6].clamp(0, 1))
+
+
 CASES = {
     # convolution parameters (ATen's check_shape_forward)
     "conv2d negative padding": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=-1)),
@@ -209,6 +241,17 @@ CASES = {
     "clamp_ by the previous elements": (clamp_previous, (torch.arange(4.0),), {}),
     "mul_ of strided views (too hard to tell: torch lets them pass)": (
         mul_strided, (torch.arange(4.0),), {}),
+    "copy_ of float16 over float32 (FBGEMM converts before any check)": (copy_float16_over_float32,
+                                                                         (torch.randn(16),), {}),
+    "copy_ of bfloat16 over float32": (copy_bfloat16_over_float32, (torch.randn(16),), {}),
+    "frexp's two outputs overlapping each other, not the input": (frexp_outputs_overlapping_each_other,
+                                                                  (torch.randn(16),), {}),
+    "frexp's exponent over its input": (frexp_exponent_over_the_input, (torch.randn(16),), {}),
+    "gelu into a shifted out= (its out= form is not tagged pointwise)": (gelu_into_a_shifted_out,
+                                                                         (torch.randn(16),), {}),
+    "where into a shifted out=": (where_into_a_shifted_out, (torch.randn(16),), {}),
+    "uniform_ into an expanded tensor": (uniform_into_an_expanded_tensor, (torch.randn(16),), {}),
+    "bernoulli_ by probabilities overlapping self": (bernoulli_by_overlapping_probabilities, (torch.rand(16),), {}),
     "frexp into an expanded mantissa": (torch.frexp, (torch.randn(3),),
                                         dict(out=(torch.zeros(1).expand(3), torch.zeros(3, dtype=torch.int32)))),
     "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),

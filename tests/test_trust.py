@@ -393,3 +393,18 @@ def test_an_exported_module_is_not_opaque_code_to_the_cache():
     gm = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)).module()
     assert any(node.op == "call_module" for node in gm.graph.nodes)
     assert not may_differentiate(gm)
+
+
+def test_a_cached_view_of_another_dtype_keeps_its_alias():
+    """Adversary finding: ``b.view(torch.int32)`` (no autograd view through its composite kernel)
+    was memoized as a fresh tensor, so a later graph's overlap check missed the alias."""
+    def add_through_a_view(b):
+        return b[0:4].add_(b.view(torch.int32)[1:5])
+
+    def mul_through_a_view(b):
+        return b[0:4].mul_(b.view(torch.int32)[1:5])
+
+    for program in (add_through_a_view, mul_through_a_view):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(torch.fx.symbolic_trace(program), torch.randn(16), cache=fxprop.rule_cache)
+        assert caught.value.error_type is RuntimeError

@@ -5,8 +5,9 @@ are known (small integer tensors the user passed in for real) keep them; the oth
 synthesized: floating values drawn from a private generator seeded afresh for every call
 (never torch's global one), integer and bool tensors zeros, so every index is in range. Ops
 that draw random numbers get the private generator too. The op's results are turned into
-meta tensors and the real tensors dropped at once; the bytes it needed (inputs and outputs)
-are reported and capped.
+meta tensors and the real tensors dropped at once; the bytes it needed (its inputs, and the
+most the allocator held for the call at once: outputs and the kernel's temporaries) are reported
+and capped. The cap refuses inputs past it before the run, the rest after it.
 
 Only metadata is kept. A python value the op returns (a bool, a number) was computed from
 synthesized data unless every input was known, so it becomes a fresh data-dependent symbol.
@@ -21,7 +22,7 @@ from .. import symbolic
 from ..blame import boundary
 from ..errors import FallbackLimitError, PropagationError
 from ..known_values import KnownValues, has_no_values
-from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, pytree, schema_of
+from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, peak_allocated_bytes, pytree, schema_of
 
 _KERNELS_FOR_EVERY_DEVICE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                              "CompositeImplicitAutograd")
@@ -88,9 +89,9 @@ def refuse_without_kernel_for(op: Any, device: torch.device | None) -> None:
 
 
 @boundary
-def _call(op: Callable, args: tuple, kwargs: dict) -> Any:
+def _call(op: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
     with torch.no_grad():
-        return op(*args, **kwargs)
+        return peak_allocated_bytes(lambda: op(*args, **kwargs))
 
 
 def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
@@ -108,11 +109,13 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
     real_args, real_kwargs = pytree.tree_unflatten(real_flat, spec)
     if _takes_generator(op) and real_kwargs.get("generator") is None:
         real_kwargs["generator"] = generator
-    result = _call(op, real_args, real_kwargs)
+    result, peak = _call(op, real_args, real_kwargs)
     produced = sum(storage_bytes(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
                    and not any(t is real_flat[i] for i, _ in metas))
+    if peak is not None and peak > produced:
+        produced = peak  # the outputs and the kernel's temporaries
     if needed + produced > limit_bytes:
-        raise _over_limit(op, needed + produced, limit_bytes, "its inputs and outputs")
+        raise _over_limit(op, needed + produced, limit_bytes, "its inputs, outputs and temporaries")
     exact = all(value in real_values or has_no_values(value) for _, value in metas)
     aliases = {id(real_flat[i]): value for i, value in metas}
     meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import string
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -733,29 +735,59 @@ def with_effects(token, op, *args, **kwargs):
 @rule(higher_order.print)
 def print_(format_str, *args, **kwargs):
     """``print(format_str.format(*args, **kwargs))``: returns None. Nothing is printed: the string is
-    formatted once with host stand-ins of the tensors (zeros of their sizes and dtypes), so that a
-    field, attribute, index or format spec that real formatting refuses is refused with its error.
-    Tensors of symbolic sizes, or too many elements to stand in for, and symbolic numbers, are
-    taken on trust."""
+    formatted once, fields resolved on the propagated values and each tensor formatted as a host
+    stand-in (zeros of its size and dtype), so that a field, attribute, index or format spec that
+    real formatting refuses is refused with its error. Attributes a propagated value need not share
+    with the real one (``{x.grad_fn}``, ``{x.device.index}``), tensors of symbolic sizes or too many
+    elements to stand in for, symbolic numbers, and values the format reads (``{x:c}`` of a large
+    number) are taken on trust."""
     if not isinstance(format_str, str):
         raise PropagationError(f"print: the format must be a string, got {type(format_str).__name__}",
                                error_type=AssertionError)
-    leaves = pytree.tree_leaves((args, kwargs))
-    if any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves) or any(
-            isinstance(v, torch.Tensor) and (symbolic.has_symbolic([v]) or v.numel() > _PRINT_STAND_IN_LIMIT)
-            for v in leaves):
-        return None
     with context.on_host():
-        stand_ins = pytree.tree_map_only(torch.Tensor, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cpu"),
-                                           (args, kwargs))
         try:
-            format_str.format(*stand_ins[0], **stand_ins[1])
+            _StandInFormatter().vformat(format_str, args, kwargs)
+        except _TakenOnTrust:
+            pass
         except Exception as error:  # noqa: BLE001 - whatever str.format raises is the real print's refusal
             raise PropagationError(f"print: {error}", error_type=type(error)) from None
     return None
 
 
-_PRINT_STAND_IN_LIMIT = 1 << 16  # elements
+class _TakenOnTrust(Exception):
+    """A field whose real formatting the propagated values cannot tell."""
+
+
+class _StandInFormatter(string.Formatter):
+    STAND_IN_LIMIT = 1 << 16  # elements
+    # what a propagated tensor shares with the real one; anything else Tensor has is taken on trust
+    FAITHFUL_ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "layout", "requires_grad", "is_sparse", "is_quantized",
+                                     "T", "mT", "H", "mH", "real", "imag"})
+
+    def get_field(self, field_name, args, kwargs):
+        first, *path = re.findall(r"^[^.\[]*|\.[^.\[]*|\[[^\]]*\]", field_name)
+        value = self.get_value(int(first) if first.isdigit() else first, args, kwargs)
+        for step in path:
+            if step.startswith("."):
+                name = step[1:]
+                if isinstance(value, torch.Tensor) and hasattr(torch.Tensor, name) and name not in self.FAITHFUL_ATTRIBUTES:
+                    raise _TakenOnTrust
+                value = getattr(value, name)
+            else:
+                key = step[1:-1]
+                value = value[int(key) if key.isdigit() else key]
+        return value, first
+
+    def format_field(self, value, format_spec):
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise _TakenOnTrust
+        if isinstance(value, torch.Tensor):
+            if symbolic.has_symbolic([value]) or value.numel() > self.STAND_IN_LIMIT:
+                raise _TakenOnTrust
+            value = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+        elif any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(value)):
+            raise _TakenOnTrust
+        return super().format_field(value, format_spec)
 
 
 transfer(higher_order.wrap_with_set_grad_enabled, higher_order.wrap_with_autocast, higher_order.wrap,
