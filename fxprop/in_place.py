@@ -105,10 +105,12 @@ def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> Non
                       "single memory location. Please clone() the tensor before performing the operation.")
 
 
-def _converts_by_fbgemm(self: torch.Tensor, src: torch.Tensor) -> bool:
+def _converts_by_fbgemm(self: torch.Tensor, src: Any) -> bool:
     """ATen's copy_ fast path between float32 and float16 CPU tensors of one size and layout."""
     from .context import node_device
     device = node_device()
+    if not isinstance(src, torch.Tensor):
+        return False  # a number: copied as a 0-dim tensor by TensorIterator
     return "fbgemm" in torch.backends.quantized.supported_engines and (
         {self.dtype, src.dtype} == {torch.float32, torch.float16} and (device is None or device.type == "cpu")
         and not has_symbolic_layout(self) and not has_symbolic_layout(src) and self.shape == src.shape

@@ -255,6 +255,8 @@ CASES = {
     "frexp into an expanded mantissa": (torch.frexp, (torch.randn(3),),
                                         dict(out=(torch.zeros(1).expand(3), torch.zeros(3, dtype=torch.int32)))),
     "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),
+    "copy_ of a number (fuzzer finding: the FBGEMM test read its dtype)": ("copy_", (torch.zeros(()), 0), {}),
+    "copy_ of a number into float16": ("copy_", (torch.zeros(3, dtype=torch.float16), 2), {}),
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
     "abs_ of an expanded tensor": ("abs_", (torch.zeros(1).expand(3),), {}),
     "conj_physical_ of an expanded real tensor": ("conj_physical_", (torch.zeros(1).expand(3),), {}),
