@@ -25,8 +25,9 @@ import torch
 from .devices import device_of, tag
 from .devices.transfers import tensors_in
 from .errors import FallbackLimitError
-from .torch_compat import (DelayedError, OpOverload, OpOverloadPacket, functorch_depth, is_view, schema_of,
-                           set_grad_enabled_op, storage_key, view_base)
+from .torch_compat import (DelayedError, OpOverload, OpOverloadPacket, allocations_measurable,
+                           autograd_restricts_in_place, functorch_depth, is_view, schema_of, set_grad_enabled_op,
+                           storage_key, view_base)
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
@@ -277,7 +278,8 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
             # a view of an intermediate the graph never sees: a fresh tensor is as good
             return None if shares_storage else record
         index = aliased[0]
-        if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
+        if (inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad
+                or autograd_restricts_in_place(value)):
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
@@ -368,6 +370,8 @@ class CallMemo:
             hash(key)
         except (Uncacheable, TypeError):
             return None
+        except RuntimeError:  # autograd refuses to read an argument (a view whose base was modified): the op will too
+            return None
         return CallMemo(cache, key, differentiates)
 
     def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any] | None:
@@ -376,6 +380,8 @@ class CallMemo:
         entry = self.cache.get(self.key)
         if entry is None or (self.differentiates and entry.unlinked_grad):
             return None
+        if entry.provenance.fallback_bytes and not allocations_measurable():
+            return None  # a fresh run counts what it can measure here, as an uncached one does
         provenance = entry.provenance
         if provenance.fallback_bytes > fallback_limit_bytes:
             raise FallbackLimitError(
@@ -386,6 +392,8 @@ class CallMemo:
         return rebuild(entry.recipe, inputs), provenance
 
     def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any) -> None:
+        if provenance.fallback_bytes and not allocations_measurable():
+            return  # the run's temporaries went unmeasured: its bytes are not the call's
         described = recipe(value, tensors_in(args, kwargs))
         if described is not None:
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described)))

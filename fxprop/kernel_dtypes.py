@@ -13,8 +13,9 @@ and those types and sizes, so it is kept for the process.
 Elementwise ops (tagged ``pointwise``, or the in-place form of one), which accept any
 broadcastable sizes, and the reductions that check their dtype first (max, amax, std, ...) are
 asked on stand-ins: these stand for any input of theirs. Any other op given a dtype that few
-kernels implement (complex, float8, the wide unsigned ints) is asked on stand-ins of its own
-sizes, up to a limit; random ops never are, as they would draw from the global generator. Nodes
+kernels implement (complex, float8, the wide unsigned ints), or integer or bool tensors that
+its meta kernel keeps in its result (``softmax`` of ints), is asked on stand-ins of its own
+sizes, up to a limit; views never are, and random ops never are, as they would draw from the global generator. Nodes
 on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
@@ -56,6 +57,17 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: A
             isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
         if not _too_big_to_ask(args, kwargs, result):
             _check(op, args, kwargs, full_size=True)
+    elif op.namespace == "aten" and not op.is_view and _integral_in_and_out(args, kwargs, result):
+        # softmax or batch_norm of ints: the meta kernel keeps the dtype, the CPU kernel has none for it
+        if not _too_big_to_ask(args, kwargs, result):
+            _check(op, args, kwargs, full_size=True)
+
+
+def _integral_in_and_out(args: tuple, kwargs: dict, result: Any) -> bool:
+    def integral(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex)
+    outputs = [v for v in pytree.tree_leaves(result) if integral(v)]
+    return bool(outputs) and any(integral(v) for v in pytree.tree_leaves((args, kwargs)))
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:

@@ -100,6 +100,15 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     return tensor._base
 
 
+def autograd_restricts_in_place(view: torch.Tensor) -> bool:
+    """Whether autograd refuses in-place use of ``view`` or of its base later (a view that is one
+    of several outputs, as ``unbind``'s are, or one made under no_grad or inference mode), which a
+    view made afresh of the same base would not."""
+    base = view._base
+    return (torch._C._autograd._get_creation_meta(view) != torch._C._autograd.CreationMeta.DEFAULT
+            and (view.requires_grad or (base is not None and base.requires_grad)))
+
+
 def function_mode_stack() -> list:
     """The TorchFunctionModes in effect (``with torch.device(...)`` is one)."""
     from torch.overrides import _get_current_function_mode_stack
@@ -338,12 +347,17 @@ def flat_apply_kernel() -> Any:
 _ALLOCATION_RECORDING = torch.autograd.profiler_legacy.profile(profile_memory=True).config()
 
 
+def allocations_measurable() -> bool:
+    """Whether `peak_allocated_bytes` can read a call's allocations on this thread (no profiler runs)."""
+    return not torch.autograd._profiler_enabled()
+
+
 def peak_allocated_bytes(fn) -> tuple[Any, int | None]:
     """``fn()`` and the most bytes the CPU allocator held for it at once (temporaries and
     results; what it held before is not counted), read from the legacy profiler's
     allocation records, which cost microseconds and are kept per thread. None where a
     profiler already runs on this thread: there is then no record of our own to read."""
-    if torch.autograd._profiler_enabled():
+    if not allocations_measurable():
         return fn(), None
     torch.autograd._enable_profiler_legacy(_ALLOCATION_RECORDING)
     try:

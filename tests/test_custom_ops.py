@@ -106,6 +106,51 @@ def test_the_fallback_runs_under_the_users_own_profiler():
     assert any("spread_sum" in event.name for event in profile.function_events)
 
 
+def test_a_result_measured_under_the_users_profiler_is_not_replayed_outside_it():
+    """Adversary finding: a first run under a profiler cached only the outputs' bytes, so a later
+    hit let the 1 MiB temporaries pass a cap an uncached run refuses."""
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_test.spread_sum(x))
+    x = fxprop.TensorSpec((1024,))
+    cache = fxprop.RuleCache(16)
+    with torch.autograd.profiler.profile():
+        fxprop.propagate(gm, x, cache=cache)
+    for uses in (cache, False):
+        with pytest.raises(fxprop.FallbackLimitError):
+            fxprop.propagate(gm, x, fallback_limit_bytes=64 << 10, cache=uses)
+    with torch.autograd.profiler.profile():  # and the measured figure is not replayed inside one
+        for uses in (cache, False):
+            fxprop.propagate(gm, x, fallback_limit_bytes=64 << 10, cache=uses)
+
+
+lib.define("flat_view(Tensor(a) x) -> Tensor(a)")
+lib.impl("flat_view", lambda x: x.view(-1), "CPU")
+
+
+def test_a_view_the_fallback_returns_allocates_nothing():
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_test.flat_view(x))
+    fxprop.propagate(gm, fxprop.TensorSpec((10, 100)), fallback_limit_bytes=6000, cache=False)
+    assert node_named(gm, "flat_view").meta["fxprop"].fallback_bytes == 4000
+
+
+lib.define("profiled_double(Tensor x) -> Tensor")
+
+
+def _profiled_double(x):
+    with torch.autograd.profiler.profile():
+        return x * 2
+
+
+lib.impl("profiled_double", _profiled_double, "CPU")
+
+
+def test_a_kernel_that_runs_a_profiler_of_its_own_is_not_refused():
+    """Adversary finding: the kernel's profiler could not start under the one that measures it,
+    and its RuntimeError was reported as the model's."""
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.fxprop_test.profiled_double(x))
+    assert gm(torch.randn(4)).shape == (4,)
+    assert fxprop.propagate(gm, fxprop.TensorSpec((4,)), cache=False).shape == (4,)
+
+
 def test_lookup_order():
     aten = torch.ops.aten
     assert fxprop.lookup(aten.bmm.default).kind == "meta"

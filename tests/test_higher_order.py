@@ -583,6 +583,11 @@ PRINT_FORMATS = [  # (format, shapes of the positional tensors, of the keyword o
     ("{0.real:.2f}", [()], {}, torch.float32), ("{0.T[5]}", [(2, 3)], {}, torch.float32),
     ("{0:{1.shape}}", [(2,), (2,)], {}, torch.float32), ("{x.dtype.is_signed}", [], {"x": (2,)}, torch.int32),
     ("{0.grad_fn}", [(2,)], {}, torch.float32), ("{0.device.index}", [(2,)], {}, torch.float32),
+    # split as str.format splits fields (adversary findings)
+    ("{x[0]junk}", [], {"x": (2,)}, torch.float32), ("{x.shape[0]z}", [], {"x": (2,)}, torch.float32),
+    ("{x.}", [], {"x": (2,)}, torch.float32), ("{x[]}", [], {"x": (2,)}, torch.float32),
+    ("{\u00b2}", [(2,)], {}, torch.float32), ("{99999999999999999999}", [(2,)], {}, torch.float32),
+    ("{x._fxprop_device}", [], {"x": (2,)}, torch.float32),
 ]
 
 

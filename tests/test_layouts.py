@@ -154,3 +154,18 @@ def test_conv_output_layout_follows_the_hosts_backend_choice(dtype, spatial):
         got = fxprop.propagate(torch.fx.symbolic_trace(Conv(fn, options)), x, w)
         assert significant_strides(got.shape, got.stride()) == significant_strides(real.shape, real.stride()), (
             fn.__name__, batch, kernel, options, x_format, w_format, real.stride(), got.stride())
+
+
+@pytest.mark.parametrize("op", [torch.tril, torch.triu])
+@pytest.mark.parametrize("layout", [((1, 2, 1, 1), (2, 1, 2, 2)), ((3, 4), (1, 3)), ((2, 3, 4), (1, 8, 2))],
+                         ids=str)
+def test_triangular_parts_are_laid_out_afresh_as_the_following_ops_see_them(op, layout):
+    """Fuzzer finding: the meta kernel kept a contiguous input's size-1 strides, which
+    TensorIterator then read when it laid out ``tril(x) + y``."""
+    shape, stride = layout
+    x = torch.empty_strided(shape, stride).normal_()
+    y = torch.ones(3, 1)
+    gm = torch.fx.symbolic_trace(lambda x, y: (op(x), op(x) + y))
+    real = gm(x, y)
+    got = fxprop.propagate(gm, x, y)
+    assert [t.stride() for t in got] == [t.stride() for t in real]

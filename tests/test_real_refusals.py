@@ -14,6 +14,11 @@ from fxprop.testing import check_rule
 x34 = torch.randn(3, 4)
 
 
+def batch_norm_by_a_weight_that_requires_grad(x):
+    weight = torch.ones(1, requires_grad=True)
+    return F.batch_norm(x, torch.zeros(1), torch.ones(1), weight)
+
+
 # Writes whose input partially overlaps the written tensor, as graphs see them.
 def add_previous(b):
     return b[1:].add_(b[:-1])
@@ -260,6 +265,15 @@ CASES = {
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
     "abs_ of an expanded tensor": ("abs_", (torch.zeros(1).expand(3),), {}),
     "conj_physical_ of an expanded real tensor": ("conj_physical_", (torch.zeros(1).expand(3),), {}),
+    # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
+    "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
+    "batch_norm of ints in inference (fuzzer finding)": (
+        F.batch_norm, (torch.ones(2, 1, 1, 1, dtype=torch.int64), torch.zeros(1), torch.ones(1)), {}),
+    "batch_norm of ints by a weight that requires grad": (
+        batch_norm_by_a_weight_that_requires_grad, (torch.ones(2, 1, 1, 1, dtype=torch.int64),), {}),
+    "cumsum of ints (its CPU kernel has an integer form)": (torch.cumsum, (torch.ones(2, 3, dtype=torch.int64), 1),
+                                                            {}),
+    "cat of bools": (torch.cat, ([torch.ones(2, dtype=torch.bool), torch.zeros(3, dtype=torch.bool)],), {}),
 }
 
 

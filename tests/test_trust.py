@@ -1,5 +1,6 @@
 """What the user hands fxprop is never run as code, never shared, never altered; what comes back
 is what real execution gives."""
+import operator
 import threading
 
 import pytest
@@ -407,4 +408,44 @@ def test_a_cached_view_of_another_dtype_keeps_its_alias():
     for program in (add_through_a_view, mul_through_a_view):
         with pytest.raises(fxprop.PropagationError) as caught:
             fxprop.propagate(torch.fx.symbolic_trace(program), torch.randn(16), cache=fxprop.rule_cache)
+        assert caught.value.error_type is RuntimeError
+
+
+def _add_after_writing_the_base_of_an_unbind_output(x, y):
+    a = x + y
+    first = torch.unbind(a, 0)[0]
+    a.mul_(2)
+    return a + first
+
+
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_an_unbind_output_whose_base_was_written_is_refused_as_autograd_refuses_it(cache):
+    """Fuzzer finding: with the cache on, reading the view for the key raised inside fxprop, and a
+    warm cache rebuilt ``unbind``'s outputs as plain views, which autograd lets pass."""
+    gm = torch.fx.symbolic_trace(_add_after_writing_the_base_of_an_unbind_output)
+    x, y = torch.randn(3, 5, 1, requires_grad=True), torch.randn(5, 1, requires_grad=True)
+    with pytest.raises(RuntimeError, match="Output 0 of Unbind is a view"):
+        gm(x, y)
+    for _ in range(2):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, x, y, cache=cache)
+        assert not isinstance(caught.value, fxprop.InternalError)
+        assert caught.value.error_type is RuntimeError
+
+
+def test_a_view_made_under_no_grad_keeps_autograd_s_refusal_from_a_warm_cache():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    a = graph.call_function(torch.mul, (x, 2))
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    row = graph.call_function(operator.getitem, (a, 0))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    graph.call_method("add_", (row, 1))
+    graph.output(a)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(RuntimeError, match="no_grad mode"):
+        gm(torch.randn(3, requires_grad=True))
+    for _ in range(2):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, torch.randn(3, requires_grad=True))
         assert caught.value.error_type is RuntimeError

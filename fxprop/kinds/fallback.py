@@ -22,7 +22,8 @@ from .. import symbolic
 from ..blame import boundary
 from ..errors import FallbackLimitError, PropagationError
 from ..known_values import KnownValues, has_no_values
-from ..torch_compat import OpOverload, has_kernel_for_dispatch_key, peak_allocated_bytes, pytree, schema_of
+from ..torch_compat import (OpOverload, has_kernel_for_dispatch_key, peak_allocated_bytes, pytree, schema_of,
+                           storage_key)
 
 _KERNELS_FOR_EVERY_DEVICE = ("CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional",
                              "CompositeImplicitAutograd")
@@ -65,7 +66,7 @@ def to_meta(value: Any) -> Any:
 
 def _over_limit(op: Any, needed: int, limit: int, what: str) -> FallbackLimitError:
     return FallbackLimitError(
-        f"{op}: no rule covers this op, and running it on real tensors would need {needed:,} bytes "
+        f"{op}: this call is answered by running the op on real host tensors, which would need {needed:,} bytes "
         f"({what}), over the fallback limit of {limit:,} bytes "
         "(raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
 
@@ -89,8 +90,10 @@ def refuse_without_kernel_for(op: Any, device: torch.device | None) -> None:
 
 
 @boundary
-def _call(op: Callable, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
+def _call(op: Callable, args: tuple, kwargs: dict, measured: bool) -> tuple[Any, int | None]:
     with torch.no_grad():
+        if not measured:
+            return op(*args, **kwargs), None
         return peak_allocated_bytes(lambda: op(*args, **kwargs))
 
 
@@ -102,16 +105,26 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
     needed = sum(storage_bytes(value) for _, value in metas)
     if needed > limit_bytes:
         raise _over_limit(op, needed, limit_bytes, "its inputs")
-    generator = torch.Generator().manual_seed(_SEED)
-    real_flat = list(flat)
-    for i, value in metas:
-        real_flat[i] = materialize(value, real_values, generator)
-    real_args, real_kwargs = pytree.tree_unflatten(real_flat, spec)
-    if _takes_generator(op) and real_kwargs.get("generator") is None:
-        real_kwargs["generator"] = generator
-    result, peak = _call(op, real_args, real_kwargs)
-    produced = sum(storage_bytes(t) for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
-                   and not any(t is real_flat[i] for i, _ in metas))
+
+    def run(measured: bool) -> tuple[Any, int | None, list]:
+        generator = torch.Generator().manual_seed(_SEED)
+        real_flat = list(flat)
+        for i, value in metas:
+            real_flat[i] = materialize(value, real_values, generator)
+        real_args, real_kwargs = pytree.tree_unflatten(real_flat, spec)
+        if _takes_generator(op) and real_kwargs.get("generator") is None:
+            real_kwargs["generator"] = generator
+        return *_call(op, real_args, real_kwargs, measured), real_flat
+
+    try:
+        result, peak, real_flat = run(measured=True)
+    except Exception:
+        # A kernel that runs a profiler of its own cannot run under the one that measures it:
+        # its refusal counts only when it refuses unmeasured too (on inputs made afresh).
+        result, peak, real_flat = run(measured=False)
+    input_storages = {storage_key(real_flat[i]) for i, _ in metas}
+    produced = sum(t.untyped_storage().nbytes() for t in _distinct_storages(result)
+                   if storage_key(t) not in input_storages)
     if peak is not None and peak > produced:
         produced = peak  # the outputs and the kernel's temporaries
     if needed + produced > limit_bytes:
@@ -120,6 +133,15 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
     aliases = {id(real_flat[i]): value for i, value in metas}
     meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)
     return meta_result, needed + produced
+
+
+def _distinct_storages(result: Any) -> list[torch.Tensor]:
+    """One tensor per storage among ``result``'s (views of one new storage count once)."""
+    by_storage = {}
+    for leaf in pytree.tree_leaves(result):
+        if isinstance(leaf, torch.Tensor) and leaf.layout is torch.strided:
+            by_storage.setdefault(storage_key(leaf), leaf)
+    return list(by_storage.values())
 
 
 def _to_static(leaf: Any, aliases: dict[int, torch.Tensor], exact: bool) -> Any:

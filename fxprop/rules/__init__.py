@@ -9,6 +9,7 @@
 | random sampling (multinomial, uniform) | `sampling.py` |
 | moving and joining elements (roll, cat, stack) | `movement.py` |
 | matrix products | `linalg.py` |
+| triangular parts of matrices (tril, triu) | `triangular.py` |
 | indexing (index_select, index_add, boolean masks, masked_scatter) | `indexing.py` |
 | ops whose output sizes or values depend on the data | `data_dependent.py` |
 | convolution (and cuDNN's) | `conv.py` |
@@ -25,7 +26,8 @@ Which rule handles a call, these or torch's own kernels, is decided by `fxprop.r
 """
 from ..registry import registered_rules, rule, target_name, unregister
 from . import (attention, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
-               normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting, upsample)
+               normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting,
+               triangular, upsample)
 from . import higher_order  # noqa: F401
 
 __all__ = ["registered_rules", "rule", "target_name", "unregister"]

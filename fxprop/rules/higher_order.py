@@ -17,9 +17,9 @@ device rule of their own that leaves the results as the rule built them (`_place
 """
 from __future__ import annotations
 
+import _string
 import contextlib
 import functools
-import re
 import string
 import threading
 from dataclasses import dataclass
@@ -765,17 +765,17 @@ class _StandInFormatter(string.Formatter):
                                      "T", "mT", "H", "mH", "real", "imag"})
 
     def get_field(self, field_name, args, kwargs):
-        first, *path = re.findall(r"^[^.\[]*|\.[^.\[]*|\[[^\]]*\]", field_name)
-        value = self.get_value(int(first) if first.isdigit() else first, args, kwargs)
-        for step in path:
-            if step.startswith("."):
-                name = step[1:]
-                if isinstance(value, torch.Tensor) and hasattr(torch.Tensor, name) and name not in self.FAITHFUL_ATTRIBUTES:
-                    raise _TakenOnTrust
-                value = getattr(value, name)
+        first, rest = _string.formatter_field_name_split(field_name)  # as str.format splits it
+        value = self.get_value(first, args, kwargs)
+        for is_attribute, key in rest:
+            if not is_attribute:
+                value = value[key]
+            elif isinstance(value, torch.Tensor) and key.startswith("_fxprop"):
+                raise AttributeError(f"'Tensor' object has no attribute '{key}'")  # fxprop's own tag
+            elif isinstance(value, torch.Tensor) and hasattr(torch.Tensor, key) and key not in self.FAITHFUL_ATTRIBUTES:
+                raise _TakenOnTrust
             else:
-                key = step[1:-1]
-                value = value[int(key) if key.isdigit() else key]
+                value = getattr(value, key)
         return value, first
 
     def format_field(self, value, format_spec):
@@ -784,7 +784,7 @@ class _StandInFormatter(string.Formatter):
         if isinstance(value, torch.Tensor):
             if symbolic.has_symbolic([value]) or value.numel() > self.STAND_IN_LIMIT:
                 raise _TakenOnTrust
-            value = torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+            value = torch.zeros(value.shape, dtype=value.dtype, device="meta" if device_of(value).type == "meta" else "cpu")
         elif any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(value)):
             raise _TakenOnTrust
         return super().format_field(value, format_spec)
