@@ -15,8 +15,8 @@ broadcastable sizes, and the reductions that check their dtype first (max, amax,
 asked on stand-ins: these stand for any input of theirs. Any other op given a dtype that few
 kernels implement (complex, float8, the wide unsigned ints), or integer or bool tensors that
 its meta kernel keeps in its result (``softmax`` of ints), is asked on stand-ins of its own
-sizes, up to a limit; views never are, and random ops never are, as they would draw from the global generator. Nodes
-on other devices are not asked: their kernels have other lists.
+sizes, up to a limit. Views are never asked, nor random ops, which would draw from the global
+generator. Nodes on other devices are not asked: their kernels have other lists.
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ torch's autograd Functions run their subgraphs.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import operator
 import warnings
 
@@ -804,3 +806,31 @@ def test_a_users_autograd_function_in_a_dynamo_graph(requires_grad):
     for name, sub in gm.named_modules():
         if name.startswith("fwd_body"):
             assert all("val" in n.meta for n in sub.graph.nodes if n.op != "output")
+
+
+class _HoldsAParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.tensor(1.5))
+
+
+@pytest.mark.parametrize("case", ["parameter", "meta input", "cpu input"])
+def test_print_formats_a_number_only_of_what_the_real_print_formats_as_one(case):
+    """Adversary finding: a 0-dim Parameter or meta tensor takes object.__format__, which refuses a
+    format spec; the stand-in was a plain CPU tensor, which formats as a number."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    value = graph.get_attr("p") if case == "parameter" else x
+    graph.call_function(hop.print, ("{v:.2f}",), {"v": value})
+    graph.output(None)
+    gm = torch.fx.GraphModule(_HoldsAParameter(), graph)
+    x = torch.empty((), device="meta") if case == "meta input" else torch.zeros(())
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            gm(x)
+    except Exception as real:
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, x)
+        assert caught.value.error_type is type(real)
+    else:
+        fxprop.propagate(gm, x)

@@ -784,7 +784,10 @@ class _StandInFormatter(string.Formatter):
         if isinstance(value, torch.Tensor):
             if symbolic.has_symbolic([value]) or value.numel() > self.STAND_IN_LIMIT:
                 raise _TakenOnTrust
-            value = torch.zeros(value.shape, dtype=value.dtype, device="meta" if device_of(value).type == "meta" else "cpu")
+            on = "meta" if device_of(value).type == "meta" else "cpu"  # a meta tensor formats as itself
+            stand_in = torch.zeros(value.shape, dtype=value.dtype, device=on)
+            # Tensor.__format__ formats only a plain tensor as a number
+            value = torch.nn.Parameter(stand_in, value.requires_grad) if isinstance(value, torch.nn.Parameter) else stand_in
         elif any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in pytree.tree_leaves(value)):
             raise _TakenOnTrust
         return super().format_field(value, format_spec)
