@@ -6,14 +6,16 @@ its conj/neg bits; for python values their type and value -- and the environment
 read (`fxprop.backend_flags`: grad mode, default dtype, the oneDNN, cuDNN and SDPA backend
 flags), the default device and the rule registry's generation. Calls that mutate (in-place ops, ``out=``,
 ``inplace=True``), calls with side effects, calls on inputs whose values are known (a rule
-may read them), calls by targets the user defined (a cache entry would keep them alive),
-and symbolic calls are never memoized.
+may read them) and calls by targets the user defined (a cache entry would keep them alive)
+are never memoized. Calls with symbolic sizes are memoized within their own propagation only,
+keyed by their sizes' expressions (`symbolic_signature`), and never when they create symbols.
 
 A hit replays what the call cost: fallback bytes count against the call's cap again. With
 ``cache="verify"`` (or ``FXPROP_CACHE_VERIFY=1``) every hit is recomputed and compared.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import threading
@@ -82,6 +84,33 @@ def signature(value: Any) -> Hashable:
         if isinstance(value, kind):
             return (type(value), summarize(value))
     raise Uncacheable
+
+
+_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _expression(size: Any) -> Hashable:
+    return ("sym", size.node.expr) if isinstance(size, _SYMBOLIC_SCALARS) else size
+
+
+def symbolic_signature(value: Any) -> Hashable:
+    """`signature` for a call with symbolic sizes: a size stands for its expression. Expressions
+    name the symbols of one ShapeEnv, so such keys belong to one propagation's memo only."""
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise Uncacheable
+        bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
+        return (tuple(map(_expression, value.shape)), tuple(map(_expression, value.stride())),
+                _expression(value.storage_offset()), value.dtype, device_of(value), value.requires_grad,
+                value.requires_grad and value.is_leaf, bits)
+    if isinstance(value, _SYMBOLIC_SCALARS):
+        return (type(value), value.node.expr)
+    kind = type(value)
+    if kind in (tuple, list, torch.Size):
+        return (kind, tuple([symbolic_signature(item) for item in value]))
+    if kind is dict:
+        return ("dict", tuple([(key, symbolic_signature(item)) for key, item in value.items()]))
+    return signature(value)
 
 
 # --- the cache ---------------------------------------------------------------------------
@@ -266,7 +295,10 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
         for index, tensor in enumerate(inputs):
             if value is tensor:
                 return AliasRecord(index, None)
-        record = TensorRecord(tuple(value.shape), value.stride(), value.storage_offset(), value.dtype,
+        offset = value.storage_offset()
+        if not isinstance(offset, int):
+            return None  # rebuilt fresh, a symbolic offset would need the storage's extent decided
+        record = TensorRecord(tuple(value.shape), value.stride(), offset, value.dtype,
                               value.requires_grad, device_of(value))
         shares_storage = any(storage_key(tensor) == storage_key(value) for tensor in inputs)
         if not is_view(value):
@@ -283,7 +315,7 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
-                          torch.memory_format, torch.layout)):
+                          torch.memory_format, torch.layout, *_SYMBOLIC_SCALARS)):
         return value
     if isinstance(value, (tuple, list)):
         parts = [recipe(item, inputs) for item in value]
@@ -345,8 +377,22 @@ def _fresh_meta(record: TensorRecord) -> torch.Tensor:
 
 
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
-    """Whether two results of one call have the same recipe (the verify mode's comparison)."""
-    return recipe(first, inputs) == recipe(second, inputs)
+    """Whether two results of one call have the same recipe (the verify mode's comparison); sizes
+    compare as expressions, which decides nothing in the ShapeEnv."""
+    return _comparable(recipe(first, inputs)) == _comparable(recipe(second, inputs))
+
+
+def _comparable(described: Any) -> Any:
+    if isinstance(described, TensorRecord):
+        return dataclasses.replace(described, shape=tuple(map(_expression, described.shape)),
+                                   stride=tuple(map(_expression, described.stride)))
+    if isinstance(described, AliasRecord):
+        return AliasRecord(described.index, _comparable(described.view))
+    if isinstance(described, SequenceRecord):
+        return SequenceRecord(described.kind, tuple(map(_comparable, described.parts)))
+    if isinstance(described, (tuple, list)):  # a torch.Size of symbolic sizes
+        return tuple(map(_expression, described))
+    return _expression(described)
 
 
 class CallMemo:
@@ -359,14 +405,16 @@ class CallMemo:
 
     @staticmethod
     def for_call(cache: RuleCache, op: str, target: Any, target_key: Any, args: tuple, kwargs: dict,
-                 context: Hashable, differentiates: bool = False) -> "CallMemo | None":
+                 context: Hashable, differentiates: bool = False, symbolic: bool = False) -> "CallMemo | None":
         """``target_key()`` stands for the target in the key (a module: its state's signature);
         ``context`` is everything else a result depends on (grad mode, backend flags, ...);
-        ``differentiates``: the graph may differentiate its values (`may_differentiate`)."""
+        ``differentiates``: the graph may differentiate its values (`may_differentiate`);
+        ``symbolic``: sizes may be symbolic (`symbolic_signature`)."""
         if not is_pure(op, target, args, kwargs) or functorch_depth() > 0:
             return None  # under vmap or grad transforms a tensor's meaning depends on the level: never reused
+        sign = symbolic_signature if symbolic else signature
         try:
-            key = (op, target_key(), signature(args), signature(kwargs), context)
+            key = (op, target_key(), sign(args), sign(kwargs), context)
             hash(key)
         except (Uncacheable, TypeError):
             return None

@@ -267,6 +267,7 @@ class Propagation:
         self.around: Callable | None = None  # set by walk_subgraph for a body's calls (autocast's casts)
         self.differentiates = options.memo is not None and may_differentiate(gm)
         self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
+        self.symbolic_memo = RuleCache(max_entries=1 << 16)
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -342,14 +343,18 @@ class Propagation:
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""
         cache = self.options.memo
-        if cache is None or self.symbols.active:
+        if cache is None:
             return None
+        symbolic_call = self.symbols.active
+        if symbolic_call:
+            cache = self.symbolic_memo  # expressions name this propagation's symbols: never shared beyond it
         real_values = self.session.real_values
         if real_values and any(t in real_values for t in tensors_in(args, kwargs)):
             return None  # a rule may read the values, which the key does not hold
         context = (self.environment, self.default_device, registry_generation())
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
-        return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context, self.differentiates)
+        return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context, self.differentiates,
+                                 symbolic=symbolic_call)
 
     def commit(self) -> None:
         for node, (fake, tensor_meta, value_type, provenance) in self.staged.items():
@@ -509,6 +514,7 @@ class GraphWalk:
         if hit is not None and not self.propagation.options.verify:
             value, provenance = hit
         else:
+            symbols_before = self.propagation.symbols.symbol_count()
             around = self.propagation.around
             if around is not None and node.op != "call_module":
                 value, provenance = around(target, args, kwargs, lambda a, k: self.compute(node, target, a, k))
@@ -518,10 +524,11 @@ class GraphWalk:
                 raise InternalError(f"the rule cache returned a different result for {target_name(target)} than "
                                     f"the rule computes now: cached {_describe(hit[0])}, computed {_describe(value)}")
             symbols = self.propagation.symbols
+            created_symbols = False
             if symbols.active:
-                symbols.claim(node.name)
+                created_symbols = symbols.claim(node.name) or symbols.symbol_count() != symbols_before
                 symbols.check_size(value)
-            elif memo is not None and hit is None:
+            if memo is not None and hit is None and not created_symbols:
                 memo.store(args, kwargs, value, provenance)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)

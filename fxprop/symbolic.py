@@ -479,11 +479,18 @@ class SymbolicSession:
         self.infos[internal] = SymbolInfo(symbol, lower, upper, None, kind)
         self.fresh.append(internal)
 
-    def claim(self, node_name: str) -> None:
-        """Record ``node_name`` as the defining node of the symbols created since the last claim."""
+    def symbol_count(self) -> int:
+        """How many symbols the ShapeEnv holds (a call that changes it created some)."""
+        return len(self.env.var_to_range) if self.env is not None else 0
+
+    def claim(self, node_name: str) -> bool:
+        """Record ``node_name`` as the defining node of the symbols created since the last claim;
+        whether there were any."""
+        created = bool(self.fresh)
         if self.env is not None and self.env.pending_fresh_unbacked_symbols and self.env not in _OWN_ENVS:
             # every unbacked symbol the call created (fxprop's rules' and torch's kernels' own),
             # bound to the node in `adopt`, as torch.export binds them
+            created = True
             self._bound.setdefault(node_name, []).extend(self.env.pending_fresh_unbacked_symbols)
             self.env.pending_fresh_unbacked_symbols.clear()
         for internal in self.fresh:
@@ -491,6 +498,7 @@ class SymbolicSession:
             self.infos[internal] = SymbolInfo(info.symbol, self.user(info.lower), self.user(info.upper),
                                               node_name, info.kind)
         self.fresh.clear()
+        return created
 
     # reading results
     def user(self, expr: Any) -> Any:
