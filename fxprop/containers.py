@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from .torch_compat import FakeTensor, FakeTensorMode, make_subclass, set_throw_on_mutable_data_ptr
+from .torch_compat import (FakeTensor, FakeTensorMode, is_contiguous_for_memory_format_or_false, make_subclass,
+                           set_throw_on_mutable_data_ptr)
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
@@ -42,17 +43,31 @@ class FakeTensorFactory:
         return fake
 
 
-def tensor_metadata(meta: torch.Tensor) -> TensorMetadata:
-    """What `torch.fx.passes.shape_prop.ShapeProp` records for a tensor."""
+def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) -> TensorMetadata:
+    """What `torch.fx.passes.shape_prop.ShapeProp` records for a tensor. With symbolic sizes the
+    memory format is one the sizes decide without an assumption, as ShapeProp decides it;
+    ``symbolic_formats`` keeps those decisions for one ShapeEnv, by the sizes' expressions."""
+    shape = meta.shape
+    stride = meta.stride()
     memory_format = None
-    for candidate in _FORMATS:
-        try:
-            if meta.is_contiguous(memory_format=candidate):
-                memory_format = candidate
-                break
-        except RuntimeError:
-            continue
-    return TensorMetadata(meta.shape, meta.dtype, meta.requires_grad, meta.stride(), memory_format, False, {})
+    if any(isinstance(size, torch.SymInt) for size in (*shape, *stride)):
+        key = tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in (*shape, None, *stride))
+        if symbolic_formats is not None and key in symbolic_formats:
+            memory_format = symbolic_formats[key]
+        else:
+            memory_format = next((candidate for candidate in _FORMATS
+                                  if is_contiguous_for_memory_format_or_false(meta, memory_format=candidate)), None)
+            if symbolic_formats is not None:
+                symbolic_formats[key] = memory_format
+    else:
+        for candidate in _FORMATS:
+            try:
+                if meta.is_contiguous(memory_format=candidate):
+                    memory_format = candidate
+                    break
+            except RuntimeError:
+                continue
+    return TensorMetadata(shape, meta.dtype, meta.requires_grad, stride, memory_format, False, {})
 
 
 def map_structure(fn, value: Any) -> Any:

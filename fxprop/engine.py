@@ -268,6 +268,7 @@ class Propagation:
         self.differentiates = options.memo is not None and may_differentiate(gm)
         self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
         self.symbolic_memo = RuleCache(max_entries=1 << 16)
+        self.symbolic_formats: dict = {}  # memory formats of symbolic sizes, by their expressions
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -600,7 +601,8 @@ class GraphWalk:
             return make_fake(tensor, device_of(tensor))
 
         fake = map_structure(to_fake, value)
-        tensor_meta = map_structure(tensor_metadata, value) if found_tensor else None
+        formats = self.propagation.symbolic_formats
+        tensor_meta = map_structure(lambda t: tensor_metadata(t, formats), value) if found_tensor else None
         self.propagation.staged[node] = (fake, tensor_meta, type(value), provenance)
 
     def staged_output(self) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 import torch._meta_registrations as _meta_registrations
 import torch._prims_common as _prims_common
+from torch._prims_common import is_contiguous_for_memory_format_or_false  # noqa: F401
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported)
 from torch._decomp import decomposition_table  # noqa: F401
 from torch._dispatch.python import enable_python_dispatcher  # noqa: F401
