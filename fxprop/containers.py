@@ -50,7 +50,7 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
     shape = meta.shape
     stride = meta.stride()
     memory_format = None
-    if any(isinstance(size, torch.SymInt) for size in (*shape, *stride)):
+    if meta._has_symbolic_sizes_strides:
         key = tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in (*shape, None, *stride))
         if symbolic_formats is not None and key in symbolic_formats:
             memory_format = symbolic_formats[key]
