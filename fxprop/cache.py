@@ -86,6 +86,33 @@ def signature(value: Any) -> Hashable:
     raise Uncacheable
 
 
+class TensorSignatures:
+    """`signature` for the calls of one propagation, each tensor's part computed once: a graph's
+    values feed several calls. A call that may change a tensor's metadata (anything not memoized:
+    in-place and ``out=`` ops, ``requires_grad_``, the user's code) must be followed by `forget`."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[torch.Tensor, Hashable]] = {}
+
+    def __call__(self, value: Any) -> Hashable:
+        kind = type(value)
+        if kind is tuple or kind is list:
+            return (kind, tuple([self(item) for item in value]))
+        if kind is dict:
+            return ("dict", tuple([(key, self(item)) for key, item in value.items()]))
+        if isinstance(value, torch.Tensor):
+            known = self._known.get(id(value))
+            if known is not None and known[0] is value:
+                return known[1]
+            found = _tensor_signature(value)
+            self._known[id(value)] = (value, found)
+            return found
+        return signature(value)
+
+    def forget(self) -> None:
+        self._known.clear()
+
+
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
@@ -175,7 +202,7 @@ def verify_by_default() -> bool:
 _IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
                                   "ipow", "irshift", "isub", "itruediv", "ixor"})
 _TORCH_MODULES = ("torch", "_operator", "operator", "math", "builtins")
-_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, set_grad_enabled_op, print,
+_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
                            getattr(torch, "_assert_async", print)})
 _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
                              "data_ptr", "untyped_storage", "storage"})
@@ -405,14 +432,13 @@ class CallMemo:
 
     @staticmethod
     def for_call(cache: RuleCache, op: str, target: Any, target_key: Any, args: tuple, kwargs: dict,
-                 context: Hashable, differentiates: bool = False, symbolic: bool = False) -> "CallMemo | None":
+                 context: Hashable, differentiates: bool = False, sign: Any = signature) -> "CallMemo | None":
         """``target_key()`` stands for the target in the key (a module: its state's signature);
         ``context`` is everything else a result depends on (grad mode, backend flags, ...);
         ``differentiates``: the graph may differentiate its values (`may_differentiate`);
-        ``symbolic``: sizes may be symbolic (`symbolic_signature`)."""
+        ``sign``: `signature`, or a `TensorSignatures`, or `symbolic_signature` for symbolic sizes."""
         if not is_pure(op, target, args, kwargs) or functorch_depth() > 0:
             return None  # under vmap or grad transforms a tensor's meaning depends on the level: never reused
-        sign = symbolic_signature if symbolic else signature
         try:
             key = (op, target_key(), sign(args), sign(kwargs), context)
             hash(key)

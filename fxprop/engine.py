@@ -27,7 +27,8 @@ import torch.fx
 from . import symbolic, torch_compat
 from .backend_flags import environment
 from .blame import blame, boundary
-from .cache import CallMemo, RuleCache, is_pure, may_differentiate, rule_cache, same_result, verify_by_default
+from .cache import (CallMemo, RuleCache, TensorSignatures, is_pure, may_differentiate, rule_cache, same_result,
+                    symbolic_signature, verify_by_default)
 from .containers import FakeTensorFactory, map_structure, tensor_metadata
 from .context import NodeRecord, Session, swap_session
 from .devices import default_device_if_set, device_of, logical_default_device, merge_devices, tag
@@ -268,6 +269,7 @@ class Propagation:
         self.differentiates = options.memo is not None and may_differentiate(gm)
         self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
         self.symbolic_memo = RuleCache(max_entries=1 << 16)
+        self.signatures = TensorSignatures()
         self.symbolic_formats: dict = {}  # memory formats of symbolic sizes, by their expressions
 
     def run(self, walk: Callable[[], Any]) -> Any:
@@ -355,7 +357,7 @@ class Propagation:
         context = (self.environment, self.default_device, registry_generation())
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
         return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context, self.differentiates,
-                                 symbolic=symbolic_call)
+                                 symbolic_signature if symbolic_call else self.signatures)
 
     def commit(self) -> None:
         for node, (fake, tensor_meta, value_type, provenance) in self.staged.items():
@@ -529,7 +531,9 @@ class GraphWalk:
             if symbols.active:
                 created_symbols = symbols.claim(node.name) or symbols.symbol_count() != symbols_before
                 symbols.check_size(value)
-            if memo is not None and hit is None and not created_symbols:
+            if memo is None:
+                self.propagation.signatures.forget()  # the call may have changed a tensor it was given
+            elif hit is None and not created_symbols:
                 memo.store(args, kwargs, value, provenance)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)

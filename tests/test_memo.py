@@ -1,0 +1,93 @@
+"""The memo within one propagation: symbolic calls keyed by their sizes' expressions, and tensor
+signatures computed once per value. A memoized result must equal the one computed afresh."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fxprop
+from fxprop import TensorSpec
+
+
+class RepeatedBlocks(torch.nn.Module):
+    """The same block three times: every call after the first has an identical key."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16))
+                                          for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = x + F.gelu(block(x)).transpose(0, 1).transpose(0, 1)
+        return x.view(-1, 16)[1:]
+
+
+def _values(gm: torch.fx.GraphModule) -> dict:
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return (tuple(map(str, value.shape)), tuple(map(str, value.stride())), str(value.storage_offset()),
+                    value.dtype, value.device, value.requires_grad)
+        return str(value)
+    return {node.name: torch.utils._pytree.tree_map(describe, node.meta.get("val")) for node in gm.graph.nodes}
+
+
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_symbolic_calls_memoized_in_a_propagation_equal_fresh_ones(cache):
+    gm = torch.fx.symbolic_trace(RepeatedBlocks())
+    fxprop.propagate(gm, TensorSpec(("B", "T", 16)), cache=cache)
+    fresh = torch.fx.symbolic_trace(RepeatedBlocks())
+    fxprop.propagate(fresh, TensorSpec(("B", "T", 16)), cache=False)
+    assert _values(gm) == _values(fresh)
+    assert gm.meta["fxprop"]["assumptions"] == fresh.meta["fxprop"]["assumptions"]
+
+
+def test_identical_data_dependent_calls_each_get_their_own_symbol():
+    class TwoNonzeros(torch.nn.Module):
+        def forward(self, x):
+            return x.nonzero(), x.nonzero()
+
+    gm = torch.fx.symbolic_trace(TwoNonzeros())
+    first, second = fxprop.propagate(gm, TensorSpec(("B", 4)))
+    assert str(first.shape[0]) != str(second.shape[0])
+    defining = {info.node for info in gm.meta["fxprop"]["symbols"].values() if info.kind == "size"}
+    assert defining == {"nonzero", "nonzero_1"}
+
+
+def test_a_symbolic_program_adds_the_same_guards_with_and_without_the_memo():
+    model = RepeatedBlocks().eval()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    program = torch.export.export(model, (torch.randn(4, 5, 16),), dynamic_shapes=({0: batch},))
+    shape_env = next(node.meta["val"] for node in program.graph.nodes if node.op == "placeholder"
+                     and isinstance(node.meta.get("val"), torch.Tensor)).fake_mode.shape_env
+    added = []
+    for cache in (False, True):
+        before = len(shape_env.guards)
+        fxprop.propagate(copy.deepcopy(program), cache=cache)
+        added.append(len(shape_env.guards) - before)
+    assert added[0] == added[1]
+
+
+def test_setattr_is_never_memoized():
+    """A call the memo would skip must change nothing: setattr changes the object it is given."""
+    from fxprop.cache import is_pure
+    assert not is_pure("call_function", setattr, (), {})
+    assert not is_pure("call_function", delattr, (), {})
+
+
+def test_a_tensor_changed_in_place_between_identical_calls_is_signed_again():
+    class Reshaped(torch.nn.Module):
+        def forward(self, x):
+            before = x.sum(0)
+            x.unsqueeze_(0)
+            after = x.sum(0)
+            x.requires_grad_(True)
+            return before, after, x.sum(0)
+
+    gm = torch.fx.symbolic_trace(Reshaped())
+    before, after, last = fxprop.propagate(gm, torch.empty(3, 4, device="meta"))
+    assert (tuple(before.shape), tuple(after.shape), tuple(last.shape)) == ((4,), (3, 4), (3, 4))
+    assert (before.requires_grad, after.requires_grad, last.requires_grad) == (False, False, True)
