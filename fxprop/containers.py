@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from .torch_compat import (FakeTensor, FakeTensorMode, is_contiguous_for_memory_format_or_false, make_subclass,
-                           set_throw_on_mutable_data_ptr)
+from .torch_compat import (FakeTensor, FakeTensorMode, has_symbolic_sizes, is_contiguous_for_memory_format_or_false,
+                           make_subclass, set_throw_on_mutable_data_ptr)
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
@@ -50,7 +50,7 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
     shape = meta.shape
     stride = meta.stride()
     memory_format = None
-    if meta._has_symbolic_sizes_strides:
+    if has_symbolic_sizes(meta):
         key = tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in (*shape, None, *stride))
         if symbolic_formats is not None and key in symbolic_formats:
             memory_format = symbolic_formats[key]

@@ -16,7 +16,9 @@ from numbers import Number
 from typing import Any, Sequence
 
 import torch
-from .torch_compat import (OpOverload, is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
+from . import context
+from .torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes, suggest_memory_format,
+                           is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
                            make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
@@ -172,10 +174,39 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     elif of_complex == "its real part's":
         strides = tensor_iterator_strides(shape, [torch.view_as_real(first).select(-1, 0)])
     else:
-        strides = tensor_iterator_strides(shape, operands)
+        strides = tensor_iterator_strides(shape, _cast_on_the_host(op, operands))
     laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
                      else out.new_empty_strided(out.shape, strides) for out in outputs)
     return laid_out if isinstance(result, tuple) else laid_out[0]
+
+
+def _cast_on_the_host(op: OpOverload, operands: list) -> list:
+    """On the CPU, a binary op's TensorIterator first casts an input of another dtype than the
+    common one (``Tensor.to``, which keeps a dense layout and lays any other out afresh) and
+    iterates over the copy: an expanded float16 input beside a float32 one iterates as a
+    contiguous tensor."""
+    if _operand_arguments(op) not in _BINARY_OPERANDS or len(operands) != 2:
+        return operands
+    dtypes = {operand.dtype for operand in operands if isinstance(operand, torch.Tensor)}
+    if not dtypes:
+        return operands
+    common = elementwise_dtypes(*operands, type_promotion_kind=_INT_TO_FLOAT.get(op, _DEFAULT))[1]
+    if dtypes == {common}:
+        return operands
+    device = context.node_device()
+    if device is not None and device.type != "cpu":
+        return operands
+    return [operand if not isinstance(operand, torch.Tensor) or operand.dtype == common
+            or is_non_overlapping_and_dense_or_false(operand)
+            else torch.empty(operand.shape, device="meta", memory_format=suggest_memory_format(operand))
+            for operand in operands]
+
+
+_BINARY_OPERANDS = (((0, "self"), (1, "other")),)
+_DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+# Binary ops whose iterator promotes integer inputs to floats too (``build_borrowing_binary_float_op``).
+_INT_TO_FLOAT = {op: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+                 for op in (aten.div.Tensor, aten.true_divide.Tensor, aten.atan2.default)}
 
 
 def _symbolic(outputs: tuple, operands: list) -> bool:

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import torch
 import torch._meta_registrations as _meta_registrations
 import torch._prims_common as _prims_common
-from torch._prims_common import is_contiguous_for_memory_format_or_false  # noqa: F401
+from torch._prims_common import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes,  # noqa: F401
+                                 is_contiguous_for_memory_format_or_false)
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported)
 from torch._decomp import decomposition_table  # noqa: F401
 from torch._dispatch.python import enable_python_dispatcher  # noqa: F401
@@ -91,6 +92,11 @@ def storage_key(tensor: torch.Tensor) -> int:
 def own_state(module: torch.nn.Module) -> tuple[dict, dict, dict]:
     """A module's own parameters, buffers and submodules by name, None entries (a bias=False) included."""
     return module._parameters, module._buffers, module._modules
+
+
+def has_symbolic_sizes(tensor: torch.Tensor) -> bool:
+    """Whether any of the tensor's sizes, strides or offset is symbolic (one flag read, no scan)."""
+    return tensor._has_symbolic_sizes_strides
 
 
 def is_view(tensor: torch.Tensor) -> bool:

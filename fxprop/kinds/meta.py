@@ -6,13 +6,18 @@ from typing import Any
 from .. import layout
 from ..view_strides import as_aten_views
 from ..blame import boundary
+from .direct import direct_result
 from ..in_place import check_writes_into_self
 from ..torch_compat import OpOverload
 
 
 @boundary
 def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
-    """``op`` on meta tensors: an in-place op is refused where its result would not fit ``self``, an
-    elementwise result is restrided as TensorIterator would, and a view as ATen's kernel would."""
+    """``op`` on meta tensors (or computed directly, `fxprop.kinds.direct`): an in-place op is refused
+    where its result would not fit ``self``, an elementwise result is restrided as TensorIterator
+    would, and a view as ATen's kernel would."""
     check_writes_into_self(op, args, kwargs)
-    return as_aten_views(op, args, layout.relayout(op, args, kwargs, op(*args, **kwargs)))
+    result = direct_result(op, args, kwargs)
+    if result is None:
+        result = op(*args, **kwargs)
+    return as_aten_views(op, args, layout.relayout(op, args, kwargs, result))

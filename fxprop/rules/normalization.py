@@ -1,4 +1,4 @@
-"""Batch norm on the CPU: in inference the kernels return empty saved statistics, where torch's
+"""Normalization on the CPU. Batch norm: in inference the kernels return empty saved statistics, where torch's
 meta kernel (written for CUDA's layout) returns one value per channel, as
 `torch._decomp.decompositions.native_batch_norm_helper` documents: "Very annoying inconsistency
 where CPU and CUDA give different shapes". And the CPU output is laid out contiguous or
@@ -10,7 +10,7 @@ import torch
 
 from .. import context
 from ..registry import rule
-from ..torch_compat import suggest_memory_format
+from ..torch_compat import check, suggest_memory_format
 
 aten = torch.ops.aten
 
@@ -67,3 +67,23 @@ def batch_norm_impl_index(input, weight, bias, running_mean, running_var, traini
 def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
     result = aten._batch_norm_no_update.default(input, weight, bias, running_mean, running_var, momentum, eps)
     return _for_device(result, input, False)
+
+
+@rule(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    """On the CPU, a weight or bias of another dtype than the input's makes the call mixed-type,
+    which the kernel accepts for float32 parameters only. The statistics take the parameters'
+    dtype in a mixed-type call and the input's otherwise; the meta kernel gives a half or
+    bfloat16 input float32 statistics, as the CUDA kernel does."""
+    device = context.node_device()
+    on_the_cpu = device is not None and device.type == "cpu"
+    parameters = [p for p in (weight, bias) if p is not None]
+    mixed = any(p.dtype != input.dtype for p in parameters)
+    if on_the_cpu and mixed:
+        check(all(p.dtype == torch.float32 for p in parameters),
+              lambda: "mixed dtype (CPU): expect parameter to have scalar type of Float")
+    output, mean, rstd = aten.native_layer_norm.default(input, normalized_shape, weight, bias, eps)
+    dtype = parameters[0].dtype if mixed else input.dtype
+    if not on_the_cpu or mean.dtype == dtype:
+        return output, mean, rstd
+    return output, mean.new_empty(mean.shape, dtype=dtype), rstd.new_empty(rstd.shape, dtype=dtype)

@@ -1,0 +1,205 @@
+"""Results of the commonest ops computed directly, where their python meta kernels are slow.
+
+``add``, ``mul``, ``gelu``, ``addmm`` and ``native_layer_norm`` are most of a transformer's
+ops, and their meta kernels are torch's python references and decompositions: hundreds of
+microseconds to milliseconds a call, each of their parts dispatched again. What they compute
+is simple: a broadcast shape, a promoted dtype, and the layout the real kernel gives
+(contiguous for the matrix products and layer norm; an elementwise result is laid out as
+TensorIterator lays it out afterwards, `fxprop.layout.relayout`, as every elementwise result is). FakeTensorMode takes the
+same shortcut for the binary ops (``make_fast_binary_impl``).
+
+Only calls whose answer is plain take it: sizes equal or 1 without deciding anything, dtypes
+every kernel implements the op for, no optional argument that changes the result. Anything
+else -- a broadcast that fails or that the sizes' bounds must decide, a refusal, mixed dtypes --
+returns None, and the meta kernel runs, checks and raises as before. With symbolic sizes the
+elementwise shortcut is taken, as FakeTensorMode takes it, only for operands that are
+contiguous without an assumption, one of which has the result's shape: the result is then
+contiguous. The others take it with static sizes only.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
+                            is_contiguous_for_memory_format_or_false, make_contiguous_strides_for)
+
+aten = torch.ops.aten
+_DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+_INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+_ALWAYS_BOOL = ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL
+
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_FULL_PRECISION = frozenset({torch.float32, torch.float64})  # reduced precision keeps other statistics dtypes
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+_BINARY = {
+    aten.add.Tensor: _DEFAULT, aten.sub.Tensor: _DEFAULT, aten.mul.Tensor: _DEFAULT, aten.div.Tensor: _INT_TO_FLOAT,
+    aten.eq.Tensor: _ALWAYS_BOOL, aten.ne.Tensor: _ALWAYS_BOOL, aten.lt.Tensor: _ALWAYS_BOOL,
+    aten.le.Tensor: _ALWAYS_BOOL, aten.gt.Tensor: _ALWAYS_BOOL, aten.ge.Tensor: _ALWAYS_BOOL,
+}
+_NEVER_ON_BOOLS = {aten.sub.Tensor}  # "Subtraction, the `-` operator, with two bool tensors is not supported"
+
+# Of a floating tensor, to the same dtype; gelu's ``approximate`` is checked by its kernel.
+_UNARY_FLOAT = {aten.relu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default, aten.exp.default,
+                aten.log.default, aten.neg.default, aten.rsqrt.default, aten.sqrt.default, aten.reciprocal.default,
+                aten.sin.default, aten.cos.default, aten.erf.default, aten.abs.default}
+_GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def binary(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """Two tensors, or a floating tensor and a python number."""
+    if kwargs or len(args) != 2:
+        return None
+    first, second = args
+    if not isinstance(first, torch.Tensor):
+        return None
+    if isinstance(second, torch.Tensor):
+        operands = (first, second)
+    elif type(second) in (int, float) and first.dtype.is_floating_point:
+        operands = (first,)  # a python number never changes a floating tensor's dtype
+    else:
+        return None
+    dtypes = {tensor.dtype for tensor in operands}
+    if any(dtype.is_complex for dtype in dtypes) or (op in _NEVER_ON_BOOLS and torch.bool in dtypes):
+        return None
+    shape = _plain_broadcast([tensor.shape for tensor in operands])
+    if shape is None:
+        return None
+    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), operands)
+
+
+def unary_float(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    if len(args) != 1 or kwargs:
+        return None
+    (input,) = args
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
+        return None
+    return _elementwise_result(input.shape, input.dtype, args)
+
+
+def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or approximate not in _GELU_APPROXIMATIONS:
+        return None
+    return _elementwise_result(input.shape, input.dtype, (input,))
+
+
+def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple) -> torch.Tensor | None:
+    if any(has_symbolic_sizes(tensor) for tensor in tensors) and (
+            not any(_same_sizes(tensor.shape, shape) for tensor in tensors) or not all(
+                is_contiguous_for_memory_format_or_false(tensor, memory_format=torch.contiguous_format)
+                for tensor in tensors)):
+        return None
+    return torch.empty(shape, dtype=dtype, device="meta")  # static sizes: laid out by `fxprop.layout.relayout`
+
+
+def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tuple) -> torch.dtype:
+    if kind is _ALWAYS_BOOL:
+        return torch.bool
+    if len(dtypes) == 1:
+        (dtype,) = dtypes
+        if kind is _DEFAULT or dtype.is_floating_point:
+            return dtype
+    return elementwise_dtypes(*args, type_promotion_kind=kind)[1]
+
+
+def _plain_broadcast(shapes: list) -> tuple | None:
+    """The broadcast of ``shapes`` where every pair of sizes is equal or 1 on sight (the same
+    expression, for symbolic sizes); None where anything would need deciding or fails."""
+    rank = max(len(shape) for shape in shapes)
+    result: list[Any] = [1] * rank
+    for shape in shapes:
+        offset = rank - len(shape)
+        for i, size in enumerate(shape):
+            current = result[offset + i]
+            if type(size) is int and size == 1:
+                continue
+            if type(current) is int and current == 1:
+                result[offset + i] = size
+            elif not _same_size(current, size):
+                return None
+    return tuple(result)
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    if type(a) is int and type(b) is int:
+        return a == b
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and a.node.expr == b.node.expr
+
+
+def _same_sizes(shape: Any, other: tuple) -> bool:
+    return len(shape) == len(other) and all(_same_size(a, b) for a, b in zip(shape, other))
+
+
+# --- matrix products and layer norm (static sizes) ----------------------------------------------
+
+def _static_float(*tensors: Any) -> torch.dtype | None:
+    """The one floating dtype of ``tensors`` when all are static, else None."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or any(has_symbolic_sizes(t) for t in tensors):
+        return None
+    (dtype,) = dtypes
+    return dtype if dtype in _FLOATS else None
+
+
+def mm(self: Any, mat2: Any) -> torch.Tensor | None:
+    if not (isinstance(self, torch.Tensor) and isinstance(mat2, torch.Tensor)) or self.dim() != 2 or mat2.dim() != 2:
+        return None
+    dtype = _static_float(self, mat2)
+    if dtype is None or self.shape[1] != mat2.shape[0]:
+        return None
+    return torch.empty((self.shape[0], mat2.shape[1]), dtype=dtype, device="meta")
+
+
+def addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor | None:
+    if type(beta) not in (int, float) or type(alpha) not in (int, float) or not isinstance(self, torch.Tensor):
+        return None
+    product = mm(mat1, mat2)
+    if product is None or _static_float(self, mat1) is None or self.dim() > 2 or \
+            _plain_broadcast([self.shape, product.shape]) != tuple(product.shape):
+        return None
+    return product
+
+
+def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any) -> tuple | None:
+    """Full precision, weight and bias of the input's dtype (or None): a contiguous result and
+    statistics of the input's leading sizes, as the CPU kernel allocates them."""
+    parameters = [t for t in (weight, bias) if t is not None]
+    if not isinstance(input, torch.Tensor) or type(eps) not in (int, float) or \
+            not all(isinstance(t, torch.Tensor) for t in parameters):
+        return None
+    dtype = _static_float(input, *parameters)
+    if dtype not in _FULL_PRECISION or not isinstance(normalized_shape, (list, tuple)) or not normalized_shape \
+            or not all(type(size) is int for size in normalized_shape):
+        return None
+    axis = input.dim() - len(normalized_shape)
+    if axis < 0 or tuple(input.shape[axis:]) != tuple(normalized_shape) or \
+            any(tuple(t.shape) != tuple(normalized_shape) for t in parameters):
+        return None
+    statistics = (*input.shape[:axis], *(1 for _ in normalized_shape))
+    return (torch.empty_strided(input.shape, make_contiguous_strides_for(input.shape), dtype=dtype, device="meta"),
+            torch.empty(statistics, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"))
+
+
+DIRECT: dict[Any, Callable[..., Any]] = {
+    **{op: (lambda op: lambda *args, **kwargs: binary(op, args, kwargs))(op) for op in _BINARY},
+    **{op: (lambda op: lambda *args, **kwargs: unary_float(op, args, kwargs))(op) for op in _UNARY_FLOAT},
+    aten.gelu.default: gelu,
+    aten.mm.default: mm,
+    aten.addmm.default: addmm,
+    aten.native_layer_norm.default: native_layer_norm,
+}
+
+
+def direct_result(op: Any, args: tuple, kwargs: dict) -> Any:
+    """``op``'s meta result computed directly, or None where its meta kernel must run."""
+    compute = DIRECT.get(op)
+    if compute is None:
+        return None
+    try:
+        return compute(*args, **kwargs)
+    except TypeError:  # arguments the schema would refuse: the meta kernel raises as torch does
+        return None

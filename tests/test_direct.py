@@ -1,0 +1,151 @@
+"""Results computed directly (`fxprop.kinds.direct`) equal real execution and the meta kernels they stand in for.
+
+Every op in the table is called on operands of many layouts and dtypes: broadcasting, transposed,
+channels-last, expanded, offset and size-1 dims with odd strides, empty, 0-dim, python numbers.
+Real CPU execution decides shape, dtype, strides and the refusal type (`check_rule`); the same
+call with the shortcut switched off must give the very same result.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import fxprop
+from fxprop.kinds import direct
+from fxprop.testing import call_graph, check_rule
+
+aten = torch.ops.aten
+
+
+def _layouts(shape: tuple, dtype: torch.dtype) -> list[torch.Tensor]:
+    def values(size):
+        if dtype is torch.bool:
+            return torch.rand(size) > 0.5
+        if not dtype.is_floating_point:
+            return torch.randint(1, 5, size, dtype=dtype)
+        return torch.rand(size, dtype=torch.float64).add(0.5).to(dtype)
+
+    base = values(shape)
+    found = [base]
+    if len(shape) >= 2:
+        found.append(values(shape[::-1]).transpose(0, -1) if len(shape) == 2 else values(shape).transpose(0, 1))
+        found.append(values((*shape[:-1], shape[-1] * 2))[..., ::2])
+        found.append(values(shape[:-1] + (1,)).expand(shape))
+    if len(shape) == 4:
+        found.append(base.contiguous(memory_format=torch.channels_last))
+    if 1 in shape:
+        odd = torch.empty_strided(shape, [7 if size == 1 else stride for size, stride in zip(shape, base.stride())],
+                                  dtype=dtype).copy_(base) if 0 not in shape else base
+        found.append(odd)
+    found.append(values((base.numel() + 3,))[3:].view(shape) if base.numel() else base)
+    return found
+
+
+_SHAPE_PAIRS = [((2, 3), (2, 3)), ((2, 3), (3,)), ((4, 1, 3), (2, 3)), ((2, 1, 3, 3), (2, 1, 3, 3)),
+                ((), (2, 3)), ((2, 0, 3), (3,)), ((1, 5), (5, 1)), ((2, 3), (4,))]
+_DTYPE_PAIRS = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                (torch.int64, torch.int64), (torch.int32, torch.float64), (torch.bool, torch.bool),
+                (torch.int64, torch.bool)]
+
+
+def _binary_cases():
+    for op, (shapes, dtypes) in itertools.product(sorted(direct._BINARY, key=str),
+                                                  itertools.product(_SHAPE_PAIRS, _DTYPE_PAIRS)):
+        yield pytest.param(op, shapes, dtypes, id=f"{op}-{shapes}-{dtypes}")
+
+
+def _same_without_shortcut(op, args, kwargs, got):
+    table = dict(direct.DIRECT)
+    direct.DIRECT.clear()
+    try:
+        gm, tensors = call_graph(op, args, kwargs)
+        try:
+            slow = fxprop.propagate(gm, *tensors, cache=False)
+        except fxprop.PropagationError as error:
+            raise AssertionError(f"the meta kernel refuses what the shortcut answered: {error}") from None
+    finally:
+        direct.DIRECT.update(table)
+    for fast_value, slow_value in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(slow)):
+        assert (fast_value.shape, fast_value.stride(), fast_value.dtype, fast_value.requires_grad) == \
+               (slow_value.shape, slow_value.stride(), slow_value.dtype, slow_value.requires_grad)
+
+
+def _check(op, args, kwargs=None):
+    kwargs = kwargs or {}
+    try:
+        got = check_rule(op, *args, **kwargs)
+    except fxprop.PropagationError:
+        return  # refused as real execution refuses it (check_rule compares the error types)
+    _same_without_shortcut(op, args, kwargs, got)
+
+
+@pytest.mark.parametrize("op, shapes, dtypes", list(_binary_cases()))
+def test_binary_ops_of_two_tensors(op, shapes, dtypes):
+    for first, second in itertools.product(_layouts(shapes[0], dtypes[0])[:3], _layouts(shapes[1], dtypes[1])[::2]):
+        _check(op, (first, second))
+
+
+@pytest.mark.parametrize("op", sorted(direct._BINARY, key=str))
+@pytest.mark.parametrize("number", [2, 0.5, -3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+def test_binary_ops_of_a_tensor_and_a_number(op, number, dtype):
+    for tensor in _layouts((2, 1, 3, 3), dtype):
+        _check(op, (tensor, number))
+
+
+@pytest.mark.parametrize("op", sorted(direct._UNARY_FLOAT | {aten.gelu.default}, key=str))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.bool])
+@pytest.mark.parametrize("shape", [(2, 3), (2, 1, 3, 3), (), (0, 3), (4, 1)])
+def test_unary_ops(op, dtype, shape):
+    for tensor in _layouts(shape, dtype):
+        _check(op, (tensor,))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh", "exact"])
+def test_gelu_approximations(approximate):
+    _check(aten.gelu.default, (torch.randn(2, 3),), {"approximate": approximate})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shapes", [((3, 4), (4, 5)), ((3, 4), (5, 4)), ((0, 4), (4, 2)), ((3, 0), (0, 2)),
+                                    ((3, 4, 1), (4, 5))])
+def test_mm(dtype, shapes):
+    first, second = (torch.randn(shape).to(dtype) for shape in shapes)
+    def column_major(t):
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    for left, right in ((first, second), (first, column_major(second)), (column_major(first), second)):
+        _check(aten.mm.default, (left, right))
+    _check(aten.mm.default, (first, second.to(torch.float16)))
+
+
+@pytest.mark.parametrize("self_shape", [(5,), (3, 5), (1, 5), (3, 1), (), (4,), (2, 3, 5)])
+@pytest.mark.parametrize("scales", [{}, {"beta": 0, "alpha": 2}, {"beta": 0.5}])
+def test_addmm(self_shape, scales):
+    _check(aten.addmm.default, (torch.randn(self_shape), torch.randn(3, 4), torch.randn(4, 5)), scales)
+    _check(aten.addmm.default, (torch.randn(self_shape), torch.randn(4, 3).t(), torch.randn(5, 4).t()), scales)
+    _check(aten.addmm.default, (torch.randn(self_shape, dtype=torch.float64), torch.randn(3, 4), torch.randn(4, 5)))
+
+
+@pytest.mark.parametrize("dtype, parameter_dtype", [(torch.float32, torch.float32), (torch.float64, torch.float64),
+                                                    (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                    (torch.float32, torch.float64)])
+@pytest.mark.parametrize("shape, normalized", [((2, 5, 8), [8]), ((2, 5, 8), [5, 8]), ((4, 8), [8]), ((0, 8), [8]),
+                                               ((2, 5, 8), [4]), ((8,), [8]), ((2, 5, 8), [2, 5, 8])])
+@pytest.mark.parametrize("affine", [True, False])
+def test_native_layer_norm(dtype, parameter_dtype, shape, normalized, affine):
+    weight, bias = (torch.randn(normalized, dtype=parameter_dtype) if affine else None for _ in range(2))
+    for input in _layouts(shape, dtype)[:4]:
+        _check(aten.native_layer_norm.default, (input, normalized, weight, bias, 1e-5))
+    _check(aten.native_layer_norm.default, (torch.randn(shape, dtype=dtype), normalized,
+                                           torch.randn(3, dtype=parameter_dtype), None, 1e-5))
+
+
+def test_symbolic_sizes_take_the_shortcut_only_where_the_result_is_contiguous():
+    gm = torch.fx.symbolic_trace(lambda x, y, z: (x + y, x.transpose(0, 1) + z, torch.relu(x) * 2))
+    same, transposed, scaled = fxprop.propagate(gm, fxprop.TensorSpec(("B", 8)), fxprop.TensorSpec(("B", 8)),
+                                                fxprop.TensorSpec((8, "B")))
+    assert tuple(map(str, same.stride())) == ("8", "1")
+    assert tuple(map(str, scaled.stride())) == ("8", "1")
+    assert tuple(map(str, transposed.stride())) == ("1", "8")
