@@ -206,6 +206,7 @@ _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr,
                            getattr(torch, "_assert_async", print)})
 _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
                              "data_ptr", "untyped_storage", "storage"})
+_SETTERS = ("set_", "_set_", "use_")
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
@@ -275,6 +276,8 @@ def _judge_purity(op: str, target: Any) -> bool:
     name = getattr(target, "__name__", "") or ""
     if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
         return False
+    if name.startswith(_SETTERS):
+        return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
     return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
             and not module.startswith(_STATEFUL_PACKAGES))
 

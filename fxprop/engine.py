@@ -276,9 +276,9 @@ class Propagation:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
         torch_compat.install_patches(_node_device_of_current_session)
         self.default_device = default_device_if_set()  # None (unset) and a set "cpu" differ for torch.tensor
-        self.environment = environment()
+        self.environment = (environment(), None, None)  # the flags now, the enclosing frame, its context
         outer = swap_session(self.session)
-        grad_enabled = torch.is_grad_enabled()
+        grad_enabled, default_dtype = torch.is_grad_enabled(), torch.get_default_dtype()
         autograd_modes = torch_compat.autograd_modes(self.gm)
         failed = True
         try:
@@ -290,6 +290,7 @@ class Propagation:
                 self.close_region()
             torch_compat.restore_autograd_modes(autograd_modes, failed)
             torch.set_grad_enabled(grad_enabled)
+            torch.set_default_dtype(default_dtype)
             swap_session(outer)
         if self.symbols.active:
             self.symbols.adopt(self.staged)
@@ -338,6 +339,11 @@ class Propagation:
         self.regions.append((self.environment, self.around, on_close))
         self.environment = (environment(), self.environment, context)
         self.around = around
+
+    def refresh_environment(self) -> None:
+        """Read the flags again after a call that may have set them (``_set_grad_enabled``,
+        ``set_default_dtype``): later results are keyed by the flags they ran under."""
+        self.environment = (environment(), *self.environment[1:])
 
     def close_region(self) -> None:
         self.environment, self.around, on_close = self.regions.pop()
@@ -531,8 +537,9 @@ class GraphWalk:
             if symbols.active:
                 created_symbols = symbols.claim(node.name) or symbols.symbol_count() != symbols_before
                 symbols.check_size(value)
-            if memo is None:
-                self.propagation.signatures.forget()  # the call may have changed a tensor it was given
+            if memo is None:  # the call may have changed a tensor it was given, or global state
+                self.propagation.signatures.forget()
+                self.propagation.refresh_environment()
             elif hit is None and not created_symbols:
                 memo.store(args, kwargs, value, provenance)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,

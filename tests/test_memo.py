@@ -91,3 +91,69 @@ def test_a_tensor_changed_in_place_between_identical_calls_is_signed_again():
     before, after, last = fxprop.propagate(gm, torch.empty(3, 4, device="meta"))
     assert (tuple(before.shape), tuple(after.shape), tuple(last.shape)) == ((4,), (3, 4), (3, 4))
     assert (before.requires_grad, after.requires_grad, last.requires_grad) == (False, False, True)
+
+
+def _grad_toggled_graph() -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    before = graph.call_function(torch.mul, (x, 2))
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    after = graph.call_function(torch.mul, (x, 2))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    graph.output((before, after))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), ("B", 3)])
+@pytest.mark.parametrize("cache", [True, "verify"])
+def test_a_call_after_the_graph_turns_grad_off_is_keyed_by_the_new_mode(shape, cache):
+    gm = _grad_toggled_graph()
+    before, after = fxprop.propagate(gm, TensorSpec(shape, requires_grad=True),
+                                     cache=fxprop.RuleCache() if cache is True else cache)
+    real_before, real_after = _grad_toggled_graph()(torch.randn(4, 3, requires_grad=True))
+    assert (before.requires_grad, after.requires_grad) == (real_before.requires_grad, real_after.requires_grad)
+
+
+@pytest.mark.parametrize("shape", [(4,), ("B",)])
+@pytest.mark.parametrize("cache", [True, "verify"])
+def test_a_default_dtype_the_graph_sets_keys_later_calls_and_is_undone_after(shape, cache):
+    graph = torch.fx.Graph()
+    size = graph.call_method("size", (graph.placeholder("x"), 0))
+    first = graph.call_function(torch.ones, (size,))
+    graph.call_function(torch.set_default_dtype, (torch.float64,))
+    second = graph.call_function(torch.ones, (size,))
+    graph.call_function(torch.set_default_dtype, (torch.float32,))
+    third = graph.call_function(torch.ones, (size,))
+    graph.call_function(torch.set_default_dtype, (torch.float64,))  # left set: propagation must not leave it so
+    graph.output((first, second, third))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    try:
+        outputs = fxprop.propagate(gm, TensorSpec(shape), cache=fxprop.RuleCache() if cache is True else cache)
+        assert torch.get_default_dtype() == torch.float32
+        real = gm(torch.randn(4))
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [t.dtype for t in outputs] == [t.dtype for t in real] == [torch.float32, torch.float64, torch.float32]
+
+
+def test_setters_of_process_wide_state_are_never_memoized():
+    from fxprop.cache import is_pure
+    for setter in (torch.set_default_dtype, torch.set_grad_enabled, torch.use_deterministic_algorithms):
+        assert not is_pure("call_function", setter, (), {}), setter
+
+
+@pytest.mark.parametrize("fn", [lambda x: x[:, : x.shape[1] // 3] * 2, lambda x: x[:, ::2] * 2])
+def test_propagating_in_dynamos_shape_env_adds_no_guard_for_the_memory_format(fn):
+    added = []
+
+    def backend(gm, example_inputs):
+        from torch._guards import detect_fake_mode
+        shape_env = detect_fake_mode(example_inputs).shape_env
+        before = len(shape_env.guards)
+        fxprop.propagate(gm, *example_inputs)
+        added.extend(str(guard.expr) for guard in shape_env.guards[before:])
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, dynamic=True)(torch.randn(6, 8))
+    assert added == []
