@@ -1,6 +1,8 @@
 """Result layouts against real CPU execution: elementwise ops (TensorIterator's layout, strides
-compared in full, size-1 dims included), batch norm and convolution (the CPU backends' choice,
-strides compared where they address memory)."""
+compared in full, size-1 dims included, the backward kernels TensorIterator lays out too), batch
+norm, group norm, convolution (the CPU backends' choice, strides compared where they address
+memory), the backward kernels that allocate their own results, one_hot, and result shapes meta
+kernels get wrong."""
 from __future__ import annotations
 
 import itertools
@@ -169,3 +171,16 @@ def test_triangular_parts_are_laid_out_afresh_as_the_following_ops_see_them(op, 
     real = gm(x, y)
     got = fxprop.propagate(gm, x, y)
     assert [t.stride() for t in got] == [t.stride() for t in real]
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 5), (0, 5)], ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):
+    """The meta kernels (decompositions over atleast_2d) kept a batch of one under reduction='none'."""
+    x = torch.randn(shape, requires_grad=True)
+    labels = torch.randint(0, 5, shape) if shape else torch.tensor(0)
+    classes = torch.randint(0, 5, shape[:-1]) if len(shape) > 1 else torch.tensor(1 if shape else 0)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(torch.nn.MultiLabelMarginLoss(reduction=reduction)),
+                                       x, labels)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(torch.nn.MultiMarginLoss(reduction=reduction)),
+                                       x, classes)
