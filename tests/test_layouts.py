@@ -173,6 +173,45 @@ def test_triangular_parts_are_laid_out_afresh_as_the_following_ops_see_them(op, 
     assert [t.stride() for t in got] == [t.stride() for t in real]
 
 
+# Layouts of a 4-d tensor of shape (2, 8, 4, 4), and of 3-d and 5-d ones.
+NORM_LAYOUTS = {
+    "contiguous": lambda: torch.randn(2, 8, 4, 4),
+    "channels_last": lambda: torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last),
+    "channels_last, batch of 1": lambda: torch.randn(1, 8, 4, 4).to(memory_format=torch.channels_last),
+    "channels_last, 1x1 image": lambda: torch.randn(2, 8, 1, 1).to(memory_format=torch.channels_last),
+    "transposed image": lambda: torch.randn(2, 8, 4, 4).transpose(2, 3),
+    "permuted": lambda: torch.randn(4, 4, 8, 2).permute(3, 2, 1, 0),
+    "strided": lambda: torch.randn(2, 8, 4, 8)[..., ::2],
+    "3-d, transposed": lambda: torch.randn(2, 4, 8).transpose(1, 2),
+    "5-d, channels_last_3d": lambda: torch.randn(2, 8, 2, 3, 2).to(memory_format=torch.channels_last_3d),
+}
+
+
+class _GroupNormThenFlatten(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return self.norm(x).flatten(2)
+
+
+@pytest.mark.parametrize("layout", NORM_LAYOUTS)
+def test_group_norm_keeps_the_inputs_memory_format_on_the_cpu(layout):
+    """The composite kernel makes a CPU input contiguous in its suggested memory format (any other
+    device's contiguous); on meta it took the other branch. Views after it inherit its strides."""
+    x = NORM_LAYOUTS[layout]()
+    functional = lambda x: (F.group_norm(x, 4), torch.group_norm(x, 2, torch.ones(8), torch.ones(8)),  # noqa: E731
+                            torch.ops.aten.group_norm.default(x, 4).flatten(2))
+    for gm in (torch.fx.symbolic_trace(functional), torch.fx.symbolic_trace(_GroupNormThenFlatten())):
+        fxprop.testing.assert_matches_real(gm, x)
+
+
+def test_group_norm_for_another_device_is_contiguous():
+    x = fxprop.TensorSpec((2, 8, 4, 4), device="cuda:0", stride=(128, 1, 32, 8))
+    assert fxprop.propagate(torch.fx.symbolic_trace(lambda x: F.group_norm(x, 4)), x).stride() == (128, 16, 4, 1)
+
+
 @pytest.mark.parametrize("shape", [(), (5,), (3, 5), (0, 5)], ids=str)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):

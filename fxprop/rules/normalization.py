@@ -1,12 +1,20 @@
-"""Batch norm on the CPU: in inference the kernels return empty saved statistics, where torch's
-meta kernel (written for CUDA's layout) returns one value per channel, as
+"""Normalization on the CPU.
+
+Batch norm: in inference the kernels return empty saved statistics, where torch's meta kernel
+(written for CUDA's layout) returns one value per channel, as
 `torch._decomp.decompositions.native_batch_norm_helper` documents: "Very annoying inconsistency
 where CPU and CUDA give different shapes". And the CPU output is laid out contiguous or
-channels_last as the input is, where the meta kernel copies the input's strides."""
+channels_last as the input is, where the meta kernel copies the input's strides.
+
+Group norm: the composite kernel (aten/src/ATen/native/group_norm.cpp) makes a CPU input
+contiguous in its suggested memory format, any other contiguous; run on meta tensors it takes
+the second branch, so on the CPU the result is laid out again in the input's suggested format."""
 from __future__ import annotations
 
 import torch
 
+
+import torch.nn.functional as F
 
 from .. import context
 from ..registry import rule
@@ -21,6 +29,15 @@ def _cpu_output_format(input: torch.Tensor) -> torch.memory_format:
         if input.is_contiguous(memory_format=memory_format):
             return memory_format
     return suggest_memory_format(input)
+
+
+def _on_cpu() -> bool:
+    device = context.node_device()
+    return device is not None and device.type == "cpu"
+
+
+def _in_format(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    return tensor if tensor.is_contiguous(memory_format=memory_format) else tensor.contiguous(memory_format=memory_format)
 
 
 def _for_device(result: tuple, input: torch.Tensor, training: bool) -> tuple:
@@ -67,3 +84,22 @@ def batch_norm_impl_index(input, weight, bias, running_mean, running_var, traini
 def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
     result = aten._batch_norm_no_update.default(input, weight, bias, running_mean, running_var, momentum, eps)
     return _for_device(result, input, False)
+
+
+def _group_norm_laid_out_on_the_cpu(group_norm):
+    def laid_out(input, *args, **kwargs):
+        out = group_norm(input, *args, **kwargs)
+        return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+    laid_out.__name__ = laid_out.__qualname__ = "group_norm"
+    return laid_out
+
+
+for _target in (aten.group_norm.default, torch.group_norm, F.group_norm):
+    rule(_target)(_group_norm_laid_out_on_the_cpu(_target))
+
+
+@rule(torch.nn.GroupNorm)
+def group_norm_module(module: torch.nn.GroupNorm, input):
+    out = module(input)
+    return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+
