@@ -212,6 +212,17 @@ def test_group_norm_for_another_device_is_contiguous():
     assert fxprop.propagate(torch.fx.symbolic_trace(lambda x: F.group_norm(x, 4)), x).stride() == (128, 16, 4, 1)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "permuted", "strided", "offset", "expanded", "channels_last"])
+def test_one_hot_is_contiguous_as_the_kernels_fill_zeros(layout):
+    """Fuzzer finding: the meta branch of the composite kernel followed the input's layout."""
+    base = torch.randint(0, 10, (4, 5, 6))
+    x = {"transposed": base[0].t(), "permuted": base.permute(2, 0, 1), "strided": base[:, ::2],
+         "offset": base[1:], "expanded": base[:, :1].expand(4, 3, 6),
+         "channels_last": torch.randint(0, 10, (2, 3, 4, 5)).to(memory_format=torch.channels_last)}[layout]
+    fxprop.testing.check_rule(F.one_hot, x, 10)
+    fxprop.testing.check_rule(torch.ops.aten.one_hot.default, x, 10)
+
+
 @pytest.mark.parametrize("shape", [(), (5,), (3, 5), (0, 5)], ids=str)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):
