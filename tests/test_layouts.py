@@ -223,6 +223,54 @@ def test_one_hot_is_contiguous_as_the_kernels_fill_zeros(layout):
     fxprop.testing.check_rule(torch.ops.aten.one_hot.default, x, 10)
 
 
+_GRAD_LAYOUTS = {name: NORM_LAYOUTS[name] for name in ("contiguous", "channels_last", "transposed image", "permuted",
+                                                       "strided")}
+
+
+@pytest.mark.parametrize("grad_layout", _GRAD_LAYOUTS)
+@pytest.mark.parametrize("input_layout", _GRAD_LAYOUTS)
+def test_norm_backward_kernels_lay_out_the_input_gradient_as_the_cpu_kernels_do(grad_layout, input_layout):
+    """Layer norm's input gradient is contiguous, batch norm's in the input's suggested memory
+    format, where the meta kernels follow the grad (Swin's backward graph: a transposed grad)."""
+    aten = torch.ops.aten
+    grad, x = _GRAD_LAYOUTS[grad_layout](), _GRAD_LAYOUTS[input_layout]()
+    weight = torch.randn(8)
+    _, mean, rstd = aten.native_layer_norm(x, [4, 4], None, None, 1e-5)
+    fxprop.testing.check_rule(aten.native_layer_norm_backward.default, grad, x, [4, 4], mean, rstd, torch.ones(4, 4),
+                              torch.ones(4, 4), [True, True, True])
+    _, save_mean, save_invstd = aten.native_batch_norm(x, weight, weight, None, None, True, 0.1, 1e-5)
+    fxprop.testing.check_rule(aten.native_batch_norm_backward.default, grad, x, weight, None, None, save_mean,
+                              save_invstd, True, 1e-5, [True, True, True])
+    fxprop.testing.check_rule(aten.native_batch_norm_backward.default, grad, x, weight, torch.zeros(8), torch.ones(8),
+                              None, None, False, 1e-5, [True, False, True])
+
+
+def test_layer_norm_backward_of_a_transposed_grad_then_dropout_backward_then_view():
+    """Swin's backward graph: the three nodes real execution and AOT run, which fxprop refused at the
+    view when the first followed the meta kernel and the second the CPU kernel."""
+    aten = torch.ops.aten
+
+    def backward(grad, x, mean, rstd, weight, bias, mask):
+        grad_input = aten.native_layer_norm_backward.default(grad, x, [32], mean, rstd, weight, bias,
+                                                             [True, True, True])[0]
+        return aten.view.default(aten.native_dropout_backward.default(grad_input, mask, 1.0), [62, 32])
+
+    x = torch.randn(2, 31, 32)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [32], None, None, 1e-5)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(backward), torch.randn(2, 32, 31).transpose(1, 2), x,
+                                       mean, rstd, torch.ones(32), torch.zeros(32), torch.ones(2, 31, 32, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.mse_loss_backward.default, torch.ops.aten.huber_loss_backward.default,
+                                torch.ops.aten.smooth_l1_loss_backward.default], ids=str)
+@pytest.mark.parametrize("grad_layout", _GRAD_LAYOUTS)
+@pytest.mark.parametrize("input_layout", ["transposed image", "channels_last"])
+def test_loss_backward_kernels_allocate_a_contiguous_gradient(op, grad_layout, input_layout):
+    grad, x = _GRAD_LAYOUTS[grad_layout](), _GRAD_LAYOUTS[input_layout]()
+    extra = () if op is torch.ops.aten.mse_loss_backward.default else (1.0,)
+    fxprop.testing.check_rule(op, grad, x, x.clone(), 0, *extra)
+
+
 @pytest.mark.parametrize("shape", [(), (5,), (3, 5), (0, 5)], ids=str)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):

@@ -8,7 +8,11 @@ channels_last as the input is, where the meta kernel copies the input's strides.
 
 Group norm: the composite kernel (aten/src/ATen/native/group_norm.cpp) makes a CPU input
 contiguous in its suggested memory format, any other contiguous; run on meta tensors it takes
-the second branch, so on the CPU the result is laid out again in the input's suggested format."""
+the second branch, so on the CPU the result is laid out again in the input's suggested format.
+
+The backward kernels allocate the input's gradient as the CPU kernels do, where the meta kernels
+follow the grad: layer norm's contiguous (``layer_norm_backward_cpu`` makes its input contiguous
+and allocates ``empty_like`` of that), batch norm's in the input's suggested memory format."""
 from __future__ import annotations
 
 import torch
@@ -103,3 +107,21 @@ def group_norm_module(module: torch.nn.GroupNorm, input):
     out = module(input)
     return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
 
+
+@rule(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    grad_input, *rest = aten.native_layer_norm_backward.default(grad_out, input, normalized_shape, mean, rstd, weight,
+                                                                bias, output_mask)
+    if grad_input is not None and _on_cpu():
+        grad_input = _in_format(grad_input, torch.contiguous_format)
+    return (grad_input, *rest)
+
+
+@rule(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    grad_input, *rest = aten.native_batch_norm_backward.default(grad_out, input, weight, running_mean, running_var,
+                                                                save_mean, save_invstd, train, eps, output_mask)
+    if grad_input is not None and _on_cpu():
+        grad_input = _in_format(grad_input, suggest_memory_format(input))
+    return (grad_input, *rest)
