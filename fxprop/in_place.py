@@ -31,10 +31,21 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
         return None
     name = schema_of(op).name.split("::", 1)[1]
     packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
-    overload = getattr(packet, overload_name(op), None) if packet is not None else None
-    if overload is None or [(a.name, str(a.type)) for a in schema_of(overload).arguments] != \
-            [(a.name, str(a.type)) for a in schema_of(op).arguments]:
-        return None  # pow_.Scalar(Tensor self, Scalar exponent) is no pow.Scalar(Scalar self, Tensor exponent)
+    if packet is None:
+        return None
+    def arguments(overload: OpOverload, defaults: bool = False) -> list:
+        return [(a.name, str(a.type), a.default_value if defaults and a.has_default_value() else None)
+                for a in schema_of(overload).arguments]
+    # The twin is the overload that takes the same arguments, whatever its name: pow_.Tensor's is
+    # pow.Tensor_Tensor and floor_divide_.Tensor's floor_divide.default; pow_.Scalar(Tensor self,
+    # Scalar exponent) is no pow.Scalar(Scalar self, Tensor exponent). Under another name the
+    # defaults must agree too (bernoulli_.float's p has one, bernoulli.p's none).
+    overload = getattr(packet, overload_name(op), None)
+    if overload is None or arguments(overload) != arguments(op):
+        overload = next((candidate for candidate in (getattr(packet, other) for other in packet.overloads())
+                         if arguments(candidate, defaults=True) == arguments(op, defaults=True)), None)
+        if overload is None:
+            return None
     if overload.is_view or name == "t_" or any(part in name for part in _RESHAPING_SELF):
         return None  # unsqueeze_, transpose_, resize_ are meant to change self's shape
     return overload

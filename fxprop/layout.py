@@ -48,12 +48,38 @@ _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.defa
 # TensorIterator ops that torch does not tag pointwise.
 _ELEMENTWISE_UNTAGGED = {aten.floor_divide.default, aten.floor_divide.Scalar, aten.true_divide.Scalar}
 
+# Backward kernels that build a TensorIterator over these operands, in this order, whether or not
+# torch tags them pointwise (the activations' structured kernels in aten/src/ATen/native/Activation.cpp:
+# softplus_backward iterates over (grad_output, self); threshold_backward, leaky_relu_backward and
+# _prelu_kernel_backward put self first, so their result follows self's layout, not the grad's).
+_TENSOR_ITERATOR_OPERANDS: dict[Any, tuple[str, ...]] = {
+    **{op: ("grad_output", "self") for op in (aten.hardsigmoid_backward.default, aten.hardswish_backward.default,
+                                               aten.hardtanh_backward.default, aten.mish_backward.default,
+                                               aten.softplus_backward.default, aten.softshrink_backward.default)},
+    aten.elu_backward.default: ("grad_output", "self_or_result"),
+    aten.hardshrink_backward.default: ("grad_out", "self"),
+    aten.threshold_backward.default: ("self", "grad_output"),
+    aten.leaky_relu_backward.default: ("self", "grad_output"),
+    aten._prelu_kernel_backward.default: ("self", "weight", "grad_output"),
+}
+
+# Backward kernels that allocate their input's gradient contiguous (``at::zeros_like(self,
+# LEGACY_CONTIGUOUS_MEMORY_FORMAT)`` in aten/src/ATen/native/Loss.cpp, on every device) before
+# writing into it: {op: the positions of the outputs so allocated}.
+_ALLOCATED_CONTIGUOUS: dict[Any, tuple[int, ...]] = {
+    aten.mse_loss_backward.default: (0,), aten.huber_loss_backward.default: (0,),
+    aten.smooth_l1_loss_backward.default: (0,),
+}
+
 
 @lru_cache(maxsize=None)
 def _operand_arguments(op: OpOverload) -> tuple[tuple[int, str], ...] | None:
     """(position, name) of the arguments that are TensorIterator operands, or None when the op's
     results are not laid out by TensorIterator (not elementwise, a view, writing in place, or
     told a memory format)."""
+    if op in _TENSOR_ITERATOR_OPERANDS:
+        positions = {argument.name: position for position, argument in enumerate(schema_of(op).arguments)}
+        return tuple((positions[name], name) for name in _TENSOR_ITERATOR_OPERANDS[op])
     if (torch.Tag.pointwise not in op.tags and op not in _ELEMENTWISE_UNTAGGED) or op.is_view \
             or schema_of(op).is_mutable:
         return None
@@ -160,7 +186,7 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     are returned as they are."""
     operands = operands_of(op, args, kwargs)
     if not operands:
-        return result
+        return _allocated_contiguous(op, result) if op in _ALLOCATED_CONTIGUOUS else result
     outputs = result if isinstance(result, tuple) else (result,)
     if not all(isinstance(out, torch.Tensor) for out in outputs) or _symbolic(outputs, operands):
         return result
@@ -212,3 +238,14 @@ _INT_TO_FLOAT = {op: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
 def _symbolic(outputs: tuple, operands: list) -> bool:
     return any(isinstance(size, torch.SymInt) for t in (*outputs, *operands) if isinstance(t, torch.Tensor)
                for size in (*t.shape, *t.stride()))
+
+
+def _allocated_contiguous(op: OpOverload, result: Any) -> Any:
+    outputs = list(result) if isinstance(result, tuple) else [result]
+    for position in _ALLOCATED_CONTIGUOUS[op]:
+        out = outputs[position]
+        if isinstance(out, torch.Tensor) and not _symbolic((out,), []):
+            strides = make_contiguous_strides_for(out.shape)
+            if out.stride() != strides:
+                outputs[position] = out.new_empty_strided(out.shape, strides)
+    return tuple(outputs) if isinstance(result, tuple) else outputs[0]

@@ -38,7 +38,8 @@ class TensorSpec:
 
     Dims may be symbolic: a string ("B", "2*T") or a sympy symbol or expression. The same
     name is the same size everywhere, and sizes are positive integers unless the sympy symbol
-    is declared ``nonnegative=True`` (see "Symbolic shapes" in the README).
+    is declared ``integer=True, nonnegative=True``; a symbol declared with assumptions must be
+    declared an integer (see "Symbolic shapes" in the README).
     """
     shape: Sequence[int | str | Any]
     dtype: torch.dtype | str = torch.float32

@@ -234,9 +234,13 @@ def check_dim(dim: Any, shape: tuple) -> None:
                 return
             raise InputError(f"TensorSpec dims must be sizes, got {dim!r} in shape {shape}")
         for symbol in dim.free_symbols:
-            if symbol.is_integer is False or symbol.is_nonnegative is False:
+            # A symbol declared with no assumptions is a size like a name; one declared with some
+            # (real=True, positive=True) must be declared an integer too, as sizes are.
+            declared = symbol.assumptions0.keys() - {"commutative"}
+            if (symbol.is_integer is False or symbol.is_nonnegative is False
+                    or (declared and symbol.is_integer is not True)):
                 raise InputError(f"TensorSpec dim {dim} uses {symbol}, declared as a non-integer or negative "
-                                 f"symbol, in shape {shape}")
+                                 f"symbol, in shape {shape}; a dim is an integer symbol or expression")
         return
     raise InputError(f"TensorSpec dims must be non-negative ints, strings or sympy expressions, got {dim!r} "
                      f"in shape {shape}")

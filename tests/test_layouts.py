@@ -1,6 +1,8 @@
 """Result layouts against real CPU execution: elementwise ops (TensorIterator's layout, strides
-compared in full, size-1 dims included), batch norm and convolution (the CPU backends' choice,
-strides compared where they address memory)."""
+compared in full, size-1 dims included, the backward kernels TensorIterator lays out too), batch
+norm, group norm, convolution (the CPU backends' choice, strides compared where they address
+memory), the backward kernels that allocate their own results, one_hot, and result shapes meta
+kernels get wrong."""
 from __future__ import annotations
 
 import itertools
@@ -169,3 +171,114 @@ def test_triangular_parts_are_laid_out_afresh_as_the_following_ops_see_them(op, 
     real = gm(x, y)
     got = fxprop.propagate(gm, x, y)
     assert [t.stride() for t in got] == [t.stride() for t in real]
+
+
+# Layouts of a 4-d tensor of shape (2, 8, 4, 4), and of 3-d and 5-d ones.
+NORM_LAYOUTS = {
+    "contiguous": lambda: torch.randn(2, 8, 4, 4),
+    "channels_last": lambda: torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last),
+    "channels_last, batch of 1": lambda: torch.randn(1, 8, 4, 4).to(memory_format=torch.channels_last),
+    "channels_last, 1x1 image": lambda: torch.randn(2, 8, 1, 1).to(memory_format=torch.channels_last),
+    "transposed image": lambda: torch.randn(2, 8, 4, 4).transpose(2, 3),
+    "permuted": lambda: torch.randn(4, 4, 8, 2).permute(3, 2, 1, 0),
+    "strided": lambda: torch.randn(2, 8, 4, 8)[..., ::2],
+    "3-d, transposed": lambda: torch.randn(2, 4, 8).transpose(1, 2),
+    "5-d, channels_last_3d": lambda: torch.randn(2, 8, 2, 3, 2).to(memory_format=torch.channels_last_3d),
+}
+
+
+class _GroupNormThenFlatten(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return self.norm(x).flatten(2)
+
+
+@pytest.mark.parametrize("layout", NORM_LAYOUTS)
+def test_group_norm_keeps_the_inputs_memory_format_on_the_cpu(layout):
+    """The composite kernel makes a CPU input contiguous in its suggested memory format (any other
+    device's contiguous); on meta it took the other branch. Views after it inherit its strides."""
+    x = NORM_LAYOUTS[layout]()
+    functional = lambda x: (F.group_norm(x, 4), torch.group_norm(x, 2, torch.ones(8), torch.ones(8)),  # noqa: E731
+                            torch.ops.aten.group_norm.default(x, 4).flatten(2))
+    for gm in (torch.fx.symbolic_trace(functional), torch.fx.symbolic_trace(_GroupNormThenFlatten())):
+        fxprop.testing.assert_matches_real(gm, x)
+
+
+def test_group_norm_for_another_device_is_contiguous():
+    x = fxprop.TensorSpec((2, 8, 4, 4), device="cuda:0", stride=(128, 1, 32, 8))
+    assert fxprop.propagate(torch.fx.symbolic_trace(lambda x: F.group_norm(x, 4)), x).stride() == (128, 16, 4, 1)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "permuted", "strided", "offset", "expanded", "channels_last"])
+def test_one_hot_is_contiguous_as_the_kernels_fill_zeros(layout):
+    """Fuzzer finding: the meta branch of the composite kernel followed the input's layout."""
+    base = torch.randint(0, 10, (4, 5, 6))
+    x = {"transposed": base[0].t(), "permuted": base.permute(2, 0, 1), "strided": base[:, ::2],
+         "offset": base[1:], "expanded": base[:, :1].expand(4, 3, 6),
+         "channels_last": torch.randint(0, 10, (2, 3, 4, 5)).to(memory_format=torch.channels_last)}[layout]
+    fxprop.testing.check_rule(F.one_hot, x, 10)
+    fxprop.testing.check_rule(torch.ops.aten.one_hot.default, x, 10)
+
+
+_GRAD_LAYOUTS = {name: NORM_LAYOUTS[name] for name in ("contiguous", "channels_last", "transposed image", "permuted",
+                                                       "strided")}
+
+
+@pytest.mark.parametrize("grad_layout", _GRAD_LAYOUTS)
+@pytest.mark.parametrize("input_layout", _GRAD_LAYOUTS)
+def test_norm_backward_kernels_lay_out_the_input_gradient_as_the_cpu_kernels_do(grad_layout, input_layout):
+    """Layer norm's input gradient is contiguous, batch norm's in the input's suggested memory
+    format, where the meta kernels follow the grad (Swin's backward graph: a transposed grad)."""
+    aten = torch.ops.aten
+    grad, x = _GRAD_LAYOUTS[grad_layout](), _GRAD_LAYOUTS[input_layout]()
+    weight = torch.randn(8)
+    _, mean, rstd = aten.native_layer_norm(x, [4, 4], None, None, 1e-5)
+    fxprop.testing.check_rule(aten.native_layer_norm_backward.default, grad, x, [4, 4], mean, rstd, torch.ones(4, 4),
+                              torch.ones(4, 4), [True, True, True])
+    _, save_mean, save_invstd = aten.native_batch_norm(x, weight, weight, None, None, True, 0.1, 1e-5)
+    fxprop.testing.check_rule(aten.native_batch_norm_backward.default, grad, x, weight, None, None, save_mean,
+                              save_invstd, True, 1e-5, [True, True, True])
+    fxprop.testing.check_rule(aten.native_batch_norm_backward.default, grad, x, weight, torch.zeros(8), torch.ones(8),
+                              None, None, False, 1e-5, [True, False, True])
+
+
+def test_layer_norm_backward_of_a_transposed_grad_then_dropout_backward_then_view():
+    """Swin's backward graph: the three nodes real execution and AOT run, which fxprop refused at the
+    view when the first followed the meta kernel and the second the CPU kernel."""
+    aten = torch.ops.aten
+
+    def backward(grad, x, mean, rstd, weight, bias, mask):
+        grad_input = aten.native_layer_norm_backward.default(grad, x, [32], mean, rstd, weight, bias,
+                                                             [True, True, True])[0]
+        return aten.view.default(aten.native_dropout_backward.default(grad_input, mask, 1.0), [62, 32])
+
+    x = torch.randn(2, 31, 32)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [32], None, None, 1e-5)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(backward), torch.randn(2, 32, 31).transpose(1, 2), x,
+                                       mean, rstd, torch.ones(32), torch.zeros(32), torch.ones(2, 31, 32, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.mse_loss_backward.default, torch.ops.aten.huber_loss_backward.default,
+                                torch.ops.aten.smooth_l1_loss_backward.default], ids=str)
+@pytest.mark.parametrize("grad_layout", _GRAD_LAYOUTS)
+@pytest.mark.parametrize("input_layout", ["transposed image", "channels_last"])
+def test_loss_backward_kernels_allocate_a_contiguous_gradient(op, grad_layout, input_layout):
+    grad, x = _GRAD_LAYOUTS[grad_layout](), _GRAD_LAYOUTS[input_layout]()
+    extra = () if op is torch.ops.aten.mse_loss_backward.default else (1.0,)
+    fxprop.testing.check_rule(op, grad, x, x.clone(), 0, *extra)
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 5), (0, 5)], ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):
+    """The meta kernels (decompositions over atleast_2d) kept a batch of one under reduction='none'."""
+    x = torch.randn(shape, requires_grad=True)
+    labels = torch.randint(0, 5, shape) if shape else torch.tensor(0)
+    classes = torch.randint(0, 5, shape[:-1]) if len(shape) > 1 else torch.tensor(1 if shape else 0)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(torch.nn.MultiLabelMarginLoss(reduction=reduction)),
+                                       x, labels)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(torch.nn.MultiMarginLoss(reduction=reduction)),
+                                       x, classes)

@@ -274,6 +274,17 @@ CASES = {
     "cumsum of ints (its CPU kernel has an integer form)": (torch.cumsum, (torch.ones(2, 3, dtype=torch.int64), 1),
                                                             {}),
     "cat of bools": (torch.cat, ([torch.ones(2, dtype=torch.bool), torch.zeros(3, dtype=torch.bool)],), {}),
+    # in-place ops whose functional twin has another overload name (fuzzer finding: accepted)
+    "floor_divide_ broadcasting self to a bigger shape": (
+        torch.ops.aten.floor_divide_.Tensor, (torch.rand(5, 5) + 1, torch.rand(2, 5, 5) + 1), {}),
+    "floor_divide_ by a broadcast row": (torch.ops.aten.floor_divide_.Tensor, (torch.rand(5, 5) + 1, torch.rand(5, 1) + 1),
+                                         {}),
+    "pow_ broadcasting self to a bigger shape": (torch.ops.aten.pow_.Tensor, (torch.rand(5, 5), torch.rand(2, 5, 5)), {}),
+    "pow_ by a broadcast row": (torch.ops.aten.pow_.Tensor, (torch.rand(5, 5), torch.rand(5, 1)), {}),
+    "float_power_ broadcasting self to a bigger shape": (
+        torch.ops.aten.float_power_.Tensor, (torch.rand(5, 5, dtype=torch.float64), torch.rand(2, 5, 5)), {}),
+    "ldexp_ broadcasting self to a bigger shape": (torch.ops.aten.ldexp_.default, (torch.rand(5, 5), torch.ones(2, 5, 5)),
+                                                   {}),
 }
 
 

@@ -116,7 +116,9 @@ def test_symbols_declared_nonnegative_may_be_zero():
     check_substitution(gm, {M: 0}, (torch.randn(0, 4),))
 
 
-@pytest.mark.parametrize("dim", [-1, 2.5, "B +", sympy.Symbol("x", negative=True), sympy.Rational(1, 2)])
+@pytest.mark.parametrize("dim", [-1, 2.5, "B +", sympy.Symbol("x", negative=True), sympy.Rational(1, 2),
+                                 sympy.Symbol("F", real=True), sympy.Symbol("F", positive=True),
+                                 2 * sympy.Symbol("F", real=True, positive=True)])
 def test_bad_dims_are_refused(dim):
     with pytest.raises(fxprop.InputError):
         TensorSpec((dim, 4))

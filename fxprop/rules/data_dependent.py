@@ -144,9 +144,11 @@ def bincount(self: torch.Tensor, weights: torch.Tensor | None = None, minlength:
     return torch.empty((length,), dtype=dtype, device="meta")
 
 
-@rule(aten.one_hot.default)
+@rule(aten.one_hot.default, torch.nn.functional.one_hot)
 def one_hot(self: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
-    """``num_classes`` classes, or (when -1) ``max(self) + 1``: a fresh size."""
+    """``num_classes`` classes, or (when -1) ``max(self) + 1``: a fresh size. Laid out contiguous,
+    as the kernels fill ``zeros`` (the composite kernel's other branch, for meta tensors, follows
+    ``self``'s layout through ``eq``, which is why ``torch.nn.functional.one_hot`` needs this rule too)."""
     check(self.dtype == torch.int64, lambda: "one_hot is only applicable to index tensor of type LongTensor.")
     if num_classes == -1:
         check(_numel(self) != 0, lambda: "Can not infer total number of classes from empty tensor.")

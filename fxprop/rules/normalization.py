@@ -1,12 +1,25 @@
-"""Normalization on the CPU. Batch norm: in inference the kernels return empty saved statistics, where torch's
-meta kernel (written for CUDA's layout) returns one value per channel, as
+"""Normalization on the CPU.
+
+Batch norm: in inference the kernels return empty saved statistics, where torch's meta kernel
+(written for CUDA's layout) returns one value per channel, as
 `torch._decomp.decompositions.native_batch_norm_helper` documents: "Very annoying inconsistency
 where CPU and CUDA give different shapes". And the CPU output is laid out contiguous or
-channels_last as the input is, where the meta kernel copies the input's strides."""
+channels_last as the input is, where the meta kernel copies the input's strides.
+
+Group norm: the composite kernel (aten/src/ATen/native/group_norm.cpp) makes a CPU input
+contiguous in its suggested memory format, any other contiguous; run on meta tensors it takes
+the second branch, so on the CPU the result is laid out again in the input's suggested format.
+
+The backward kernels allocate the input's gradient as the CPU kernels do, where the meta kernels
+follow the grad: layer norm's contiguous (``layer_norm_backward_cpu`` makes its input contiguous
+and allocates ``empty_like`` of that), batch norm's in the input's suggested memory format.
+
+Layer norm: a half or bfloat16 input keeps its dtype for the statistics on the CPU, where the
+meta kernel gives float32 ones, as the CUDA kernel does."""
 from __future__ import annotations
 
 import torch
-
+import torch.nn.functional as F
 
 from .. import context
 from ..registry import rule
@@ -21,6 +34,15 @@ def _cpu_output_format(input: torch.Tensor) -> torch.memory_format:
         if input.is_contiguous(memory_format=memory_format):
             return memory_format
     return suggest_memory_format(input)
+
+
+def _on_cpu() -> bool:
+    device = context.node_device()
+    return device is not None and device.type == "cpu"
+
+
+def _in_format(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
+    return tensor if tensor.is_contiguous(memory_format=memory_format) else tensor.contiguous(memory_format=memory_format)
 
 
 def _for_device(result: tuple, input: torch.Tensor, training: bool) -> tuple:
@@ -75,8 +97,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     which the kernel accepts for float32 parameters only. The statistics take the parameters'
     dtype in a mixed-type call and the input's otherwise; the meta kernel gives a half or
     bfloat16 input float32 statistics, as the CUDA kernel does."""
-    device = context.node_device()
-    on_the_cpu = device is not None and device.type == "cpu"
+    on_the_cpu = _on_cpu()
     parameters = [p for p in (weight, bias) if p is not None]
     mixed = any(p.dtype != input.dtype for p in parameters)
     if on_the_cpu and mixed:
@@ -87,3 +108,40 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     if not on_the_cpu or mean.dtype == dtype:
         return output, mean, rstd
     return output, mean.new_empty(mean.shape, dtype=dtype), rstd.new_empty(rstd.shape, dtype=dtype)
+
+
+def _group_norm_laid_out_on_the_cpu(group_norm):
+    def laid_out(input, *args, **kwargs):
+        out = group_norm(input, *args, **kwargs)
+        return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+    laid_out.__name__ = laid_out.__qualname__ = "group_norm"
+    return laid_out
+
+
+for _target in (aten.group_norm.default, torch.group_norm, F.group_norm):
+    rule(_target)(_group_norm_laid_out_on_the_cpu(_target))
+
+
+@rule(torch.nn.GroupNorm)
+def group_norm_module(module: torch.nn.GroupNorm, input):
+    out = module(input)
+    return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+
+
+@rule(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    grad_input, *rest = aten.native_layer_norm_backward.default(grad_out, input, normalized_shape, mean, rstd, weight,
+                                                                bias, output_mask)
+    if grad_input is not None and _on_cpu():
+        grad_input = _in_format(grad_input, torch.contiguous_format)
+    return (grad_input, *rest)
+
+
+@rule(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                               output_mask):
+    grad_input, *rest = aten.native_batch_norm_backward.default(grad_out, input, weight, running_mean, running_var,
+                                                                save_mean, save_invstd, train, eps, output_mask)
+    if grad_input is not None and _on_cpu():
+        grad_input = _in_format(grad_input, suggest_memory_format(input))
+    return (grad_input, *rest)

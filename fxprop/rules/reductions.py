@@ -88,6 +88,25 @@ _softmax_checking_dim(aten._softmax.default)
 _softmax_checking_dim(aten._log_softmax.default)
 
 
+_REDUCTION_NONE = 0
+
+
+@rule(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self, target, reduction):
+    """Corrects the meta kernel (a decomposition over ``atleast_2d``), which keeps a batch of one
+    for a 0-d or 1-d input under ``reduction='none'``: the CPU kernel gives one 0-dim loss."""
+    loss, is_target = aten.multilabel_margin_loss_forward.default(self, target, reduction)
+    return (loss.view(()) if reduction == _REDUCTION_NONE and self.dim() <= 1 else loss), is_target
+
+
+@rule(aten.multi_margin_loss.default)
+def multi_margin_loss(self, target, p=1, margin=1, weight=None, reduction=1):
+    """Corrects the meta kernel as `multilabel_margin_loss_forward` does: one 0-dim loss for a 0-d or
+    1-d input under ``reduction='none'``."""
+    loss = aten.multi_margin_loss.default(self, target, p, margin, weight, reduction)
+    return loss.view(()) if reduction == _REDUCTION_NONE and self.dim() <= 1 else loss
+
+
 @rule(aten.cov.default, torch.cov, "cov")
 def cov(input, correction=1, fweights=None, aweights=None):
     """Corrects nothing in a kernel: torch's cov (ATen's Correlation.cpp) reads the data once, to
