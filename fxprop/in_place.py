@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .kinds.direct import direct_result
 from .torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
                            overload_name, pytree, schema_of, storage_key)
 
@@ -58,7 +59,9 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     if twin is None or not args or not isinstance(args[0], torch.Tensor):
         return
     self = args[0]
-    result = twin(*args, **kwargs)
+    result = direct_result(twin, args, kwargs)
+    if result is None:
+        result = twin(*args, **kwargs)
     if not isinstance(result, torch.Tensor):
         return
     check(result.shape == self.shape,

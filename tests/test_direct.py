@@ -149,3 +149,32 @@ def test_symbolic_sizes_take_the_shortcut_only_where_the_result_is_contiguous():
     assert tuple(map(str, same.stride())) == ("8", "1")
     assert tuple(map(str, scaled.stride())) == ("8", "1")
     assert tuple(map(str, transposed.stride())) == ("1", "8")
+
+
+@pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL), key=str))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_in_place_forms(op, dtype):
+    """``self`` comes back where the result fits it; real execution decides every refusal."""
+    if op.__name__.split(".")[0] in ("mm_", "addmm_"):
+        operands = [(torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5))]
+    elif len([a for a in op._schema.arguments if a.type.isSubtypeOf(torch.TensorType.get())]) >= 2:
+        operands = [(self, other) for self in _layouts((2, 1, 3, 3), dtype)[:3]
+                    for other in (*_layouts((2, 1, 3, 3), dtype)[:2], *_layouts((3,), torch.float32)[:1],
+                                  torch.randn(4, 2, 1, 3, 3), 2, 0.5)]
+    else:
+        operands = [(self,) for self in _layouts((2, 1, 3, 3), dtype)]
+    for args in operands:
+        _check(op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+
+
+@pytest.mark.parametrize("input", [torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+                                   torch.randn(2, 3, 5, 4).transpose(2, 3), torch.randn(4, 3), torch.randn(2, 3, 4),
+                                   torch.randn(2, 3, 1, 5)[:, :, ::1, ::2]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_in_inference(input, dtype, affine):
+    channels = input.shape[1]
+    weight, bias = (torch.randn(channels, dtype=dtype) if affine else None for _ in range(2))
+    running = (torch.randn(channels, dtype=dtype), torch.rand(channels, dtype=dtype))
+    _check(aten._native_batch_norm_legit_no_training.default, (input.to(dtype), weight, bias, *running, 0.1, 1e-5))
+    _check(aten.native_batch_norm.default, (input.to(dtype), weight, bias, *running, False, 0.1, 1e-5))

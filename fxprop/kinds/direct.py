@@ -1,7 +1,7 @@
 """Results of the commonest ops computed directly, where their python meta kernels are slow.
 
-``add``, ``mul``, ``gelu``, ``addmm`` and ``native_layer_norm`` are most of a transformer's
-ops, and their meta kernels are torch's python references and decompositions: hundreds of
+``add``, ``mul``, ``gelu``, ``addmm``, ``native_layer_norm``, inference batch norm and their
+in-place forms (``relu_``, ``add_``) are most of a model's ops, and their meta kernels are torch's python references and decompositions: hundreds of
 microseconds to milliseconds a call, each of their parts dispatched again. What they compute
 is simple: a broadcast shape, a promoted dtype, and the layout the real kernel gives
 (contiguous for the matrix products and layer norm; an elementwise result is laid out as
@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
-                            is_contiguous_for_memory_format_or_false, make_contiguous_strides_for)
+                            is_contiguous_for_memory_format_or_false, is_non_overlapping_and_dense,
+                            make_contiguous_strides_for)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -184,14 +185,66 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
             torch.empty(statistics, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"))
 
 
-DIRECT: dict[Any, Callable[..., Any]] = {
+def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: Any,
+                            eps: Any) -> tuple | None:
+    """``_native_batch_norm_legit_no_training`` of a dense full-precision input whose parameters and
+    running statistics are one value per channel of its dtype: the meta kernel's result keeps the
+    input's strides and gives per-channel statistics (the CPU's layout is the rule's,
+    `fxprop.rules.normalization`)."""
+    if not isinstance(input, torch.Tensor) or input.dim() < 2 or type(eps) not in (int, float) or \
+            type(momentum) not in (int, float):
+        return None
+    per_channel = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    if not all(isinstance(t, torch.Tensor) for t in per_channel) or running_mean is None or running_var is None:
+        return None
+    dtype = _static_float(input, *per_channel)
+    channels = (input.shape[1],)
+    if dtype not in _FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
+            not is_non_overlapping_and_dense(input):
+        return None
+    return (torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta"),
+            torch.empty(channels, dtype=dtype, device="meta"), torch.empty(channels, dtype=dtype, device="meta"))
+
+
+def native_batch_norm(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: Any,
+                      momentum: Any, eps: Any) -> tuple | None:
+    """In inference, as `batch_norm_in_inference`; training updates the running statistics."""
+    if training is not False:
+        return None
+    return batch_norm_in_inference(input, weight, bias, running_mean, running_var, momentum, eps)
+
+
+def _in_place_of(functional: Any) -> Callable[..., Any]:
+    def in_place(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+        """``self``, where the functional form has a plain result (which `check_writes_into_self`
+        has already seen fit ``self``)."""
+        return args[0] if args and direct_result(functional, args, kwargs) is not None else None
+    return in_place
+
+
+_FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     **{op: (lambda op: lambda *args, **kwargs: binary(op, args, kwargs))(op) for op in _BINARY},
     **{op: (lambda op: lambda *args, **kwargs: unary_float(op, args, kwargs))(op) for op in _UNARY_FLOAT},
     aten.gelu.default: gelu,
     aten.mm.default: mm,
     aten.addmm.default: addmm,
     aten.native_layer_norm.default: native_layer_norm,
+    aten._native_batch_norm_legit_no_training.default: batch_norm_in_inference,
+    aten.native_batch_norm.default: native_batch_norm,
 }
+
+
+def _in_place_forms() -> dict[Any, Callable[..., Any]]:
+    forms = {}
+    for functional in _FUNCTIONAL:
+        packet = getattr(aten, f"{functional.overloadpacket.__name__}_", None)
+        in_place = getattr(packet, functional._overloadname, None) if packet is not None else None
+        if in_place is not None:
+            forms[in_place] = _in_place_of(functional)
+    return forms
+
+
+DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_in_place_forms()}
 
 
 def direct_result(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -1,6 +1,6 @@
 """Normalization on the CPU.
 
-Batch norm: in inference the kernels return empty saved statistics, where torch's meta kernel
+Batch norm: in inference the kernels return empty saved statistics of the input's dtype, where torch's meta kernel
 (written for CUDA's layout) returns one value per channel, as
 `torch._decomp.decompositions.native_batch_norm_helper` documents: "Very annoying inconsistency
 where CPU and CUDA give different shapes". And the CPU output is laid out contiguous or
@@ -54,7 +54,7 @@ def _for_device(result: tuple, input: torch.Tensor, training: bool) -> tuple:
     if not output.is_contiguous(memory_format=memory_format):
         output = output.contiguous(memory_format=memory_format)
     if not training:
-        save_mean, save_invstd = save_mean.new_empty((0,)), save_invstd.new_empty((0,))
+        save_mean, save_invstd = (stat.new_empty((0,), dtype=input.dtype) for stat in (save_mean, save_invstd))
     return (output, save_mean, save_invstd, *rest)
 
 
