@@ -237,8 +237,9 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
 def _in_place_forms() -> dict[Any, Callable[..., Any]]:
     forms = {}
     for functional in _FUNCTIONAL:
-        packet = getattr(aten, f"{functional.overloadpacket.__name__}_", None)
-        in_place = getattr(packet, functional._overloadname, None) if packet is not None else None
+        name, _, overload = functional.name().removeprefix("aten::").partition(".")
+        packet = getattr(aten, f"{name}_", None)
+        in_place = getattr(packet, overload or "default", None) if packet is not None else None
         if in_place is not None:
             forms[in_place] = _in_place_of(functional)
     return forms
