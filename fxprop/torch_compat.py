@@ -50,6 +50,7 @@ suggest_memory_format = _prims_common.suggest_memory_format
 canonicalize_dim = _prims_common.canonicalize_dim
 make_contiguous_strides_for = _prims_common.make_contiguous_strides_for
 make_channels_last_2d_strides_for = _prims_common.make_channels_last_2d_strides_for
+make_channels_last_3d_strides_for = _prims_common.make_channels_last_3d_strides_for
 is_non_overlapping_and_dense = _prims_common.is_non_overlapping_and_dense_or_false
 meta_index_tensor = _meta_registrations.meta_index_Tensor
 

@@ -151,7 +151,7 @@ def test_symbolic_sizes_take_the_shortcut_only_where_the_result_is_contiguous():
     assert tuple(map(str, transposed.stride())) == ("1", "8")
 
 
-@pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL), key=str))
+@pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL) - set(direct._VIEWS), key=str))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_in_place_forms(op, dtype):
     """``self`` comes back where the result fits it; real execution decides every refusal."""
@@ -178,3 +178,93 @@ def test_batch_norm_in_inference(input, dtype, affine):
     running = (torch.randn(channels, dtype=dtype), torch.rand(channels, dtype=dtype))
     _check(aten._native_batch_norm_legit_no_training.default, (input.to(dtype), weight, bias, *running, 0.1, 1e-5))
     _check(aten.native_batch_norm.default, (input.to(dtype), weight, bias, *running, False, 0.1, 1e-5))
+
+
+_VIEW_CALLS = [(aten.transpose.int, (0, 1)), (aten.transpose.int, (-1, 1)), (aten.transpose.int, (2, 5)),
+               (aten.transpose.int, (0, 0)), (aten.t.default, ()), (aten.permute.default, ([2, 0, 1],)),
+               (aten.permute.default, ([0, 0, 1],)), (aten.permute.default, ([-1, 0, 1],)),
+               (aten.permute.default, ([1, 0],)), (aten.unsqueeze.default, (0,)), (aten.unsqueeze.default, (-1,)),
+               (aten.unsqueeze.default, (3,)), (aten.unsqueeze.default, (5,)), (aten.unsqueeze.default, (1,)),
+               (aten.expand.default, ([2, 4, 3],)), (aten.expand.default, ([5, -1, 4, 3],)),
+               (aten.expand.default, ([-1, 4, 3],)), (aten.expand.default, ([2, 3, 3],)),
+               (aten.expand.default, ([3],)), (aten.expand.default, ([-1, -1, -1, -1],)),
+               (aten.expand.default, ([0, 2, 4, 3],))]
+
+
+@pytest.mark.parametrize("op, arguments", _VIEW_CALLS, ids=[f"{op}-{a}" for op, a in _VIEW_CALLS])
+@pytest.mark.parametrize("shape", [(2, 1, 3), (2, 3), (4,), (), (2, 0, 3)])
+def test_views_that_decide_nothing(op, arguments, shape):
+    for input in _layouts(shape, torch.float32)[:3]:
+        _check(op, (input, *arguments))
+    _check(op, (torch.randn(shape, requires_grad=True), *arguments))
+
+
+def test_views_with_symbolic_sizes_equal_their_meta_kernels():
+    def views(x):
+        return x.transpose(0, 1), x.unsqueeze(1), x.unsqueeze(0).expand(3, -1, -1), x.permute(1, 0), x[:, :1].expand(-1, 5)
+
+    def propagated():
+        gm = torch.fx.symbolic_trace(views)
+        fxprop.propagate(gm, fxprop.TensorSpec(("B", 8)))
+        return [(fxprop.shape_of(node), str(node.meta["val"].stride())) for node in gm.graph.nodes
+                if node.op == "call_method"]
+
+    fast = propagated()
+    table = dict(direct.DIRECT)
+    direct.DIRECT.clear()
+    try:
+        assert propagated() == fast
+    finally:
+        direct.DIRECT.update(table)
+
+
+def test_products_and_layer_norm_with_symbolic_sizes_equal_their_meta_kernels():
+    def products(x, w):
+        hidden = torch.nn.functional.layer_norm(x, (8,))
+        return torch.addmm(w[0], hidden.view(-1, 8), w), hidden.view(-1, 8).mm(w), torch.nn.functional.layer_norm(
+            x.transpose(0, 1), (8,))
+
+    def propagated():
+        gm = torch.fx.symbolic_trace(products)
+        fxprop.propagate(gm, fxprop.TensorSpec(("B", "T", 8)), fxprop.TensorSpec((8, 8)))
+        return [(fxprop.shape_of(node), str(node.meta["val"].stride()), node.meta["val"].dtype)
+                for node in gm.graph.nodes if node.op in ("call_function", "call_method")]
+
+    fast = propagated()
+    table = dict(direct.DIRECT)
+    direct.DIRECT.clear()
+    try:
+        assert propagated() == fast
+    finally:
+        direct.DIRECT.update(table)
+
+
+_NORM_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("input_dtype", _NORM_DTYPES)
+@pytest.mark.parametrize("parameter_dtypes", [(None, None), (torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                              (torch.float64, torch.float64), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_statistics_dtypes_and_mixed_refusals_follow_the_cpu_kernel(input_dtype, parameter_dtypes, training):
+    weight_dtype, stats_dtype = parameter_dtypes
+    weight = torch.randn(3, dtype=weight_dtype) if weight_dtype else None
+    running = (torch.zeros(3, dtype=stats_dtype or input_dtype), torch.ones(3, dtype=stats_dtype or input_dtype))
+    input = torch.randn(2, 3, 4, 4, dtype=input_dtype)
+    _check(aten.native_batch_norm.default, (input, weight, weight, *running, training, 0.1, 1e-5))
+    if not training:
+        _check(aten._native_batch_norm_legit_no_training.default, (input, weight, weight, *running, 0.1, 1e-5))
+
+
+@pytest.mark.parametrize("input_dtype", _NORM_DTYPES)
+@pytest.mark.parametrize("weight_dtype, bias_dtype", [(torch.float32, torch.float32), (torch.float64, None),
+                                                      (torch.bfloat16, torch.float32), (None, torch.float32)])
+def test_layer_norm_mixed_dtypes_follow_the_cpu_kernel(input_dtype, weight_dtype, bias_dtype):
+    weight, bias = (torch.randn(8, dtype=dtype) if dtype else None for dtype in (weight_dtype, bias_dtype))
+    _check(aten.native_layer_norm.default, (torch.randn(2, 8, dtype=input_dtype), [8], weight, bias, 1e-5))
+
+
+def test_batch_norm_of_a_size_one_dim_with_an_odd_stride_keeps_its_meta_kernel_on_other_devices():
+    input = torch.empty_strided((2, 3, 1, 4), (12, 4, 7, 1), device="meta")
+    channels = [torch.empty(3, device="meta") for _ in range(4)]
+    assert direct.batch_norm_in_inference(input, *channels, 0.1, 1e-5) is None

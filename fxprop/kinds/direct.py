@@ -1,12 +1,14 @@
 """Results of the commonest ops computed directly, where their python meta kernels are slow.
 
-``add``, ``mul``, ``gelu``, ``addmm``, ``native_layer_norm``, inference batch norm and their
-in-place forms (``relu_``, ``add_``) are most of a model's ops, and their meta kernels are torch's python references and decompositions: hundreds of
-microseconds to milliseconds a call, each of their parts dispatched again. What they compute
-is simple: a broadcast shape, a promoted dtype, and the layout the real kernel gives
-(contiguous for the matrix products and layer norm; an elementwise result is laid out as
-TensorIterator lays it out afterwards, `fxprop.layout.relayout`, as every elementwise result is). FakeTensorMode takes the
-same shortcut for the binary ops (``make_fast_binary_impl``).
+``add``, ``mul``, ``gelu``, ``addmm``, ``native_layer_norm``, inference batch norm, their
+in-place forms (``relu_``, ``add_``) and the views that only rearrange sizes and strides
+(``transpose``, ``permute``, ``unsqueeze``, ``expand``) are most of a model's ops. Their meta
+kernels are torch's python references and decompositions: hundreds of microseconds to
+milliseconds a call, each of their parts dispatched again. What they compute is simple: a
+broadcast shape, a promoted dtype, and the layout the real kernel gives (contiguous for the
+matrix products and layer norm; an elementwise result is laid out afterwards as TensorIterator
+lays it out, by `fxprop.layout.relayout`, as every elementwise result is). FakeTensorMode takes
+the same shortcut for the binary ops (``make_fast_binary_impl``).
 
 Only calls whose answer is plain take it: sizes equal or 1 without deciding anything, dtypes
 every kernel implements the op for, no optional argument that changes the result. Anything
@@ -14,7 +16,7 @@ else -- a broadcast that fails or that the sizes' bounds must decide, a refusal,
 returns None, and the meta kernel runs, checks and raises as before. With symbolic sizes the
 elementwise shortcut is taken, as FakeTensorMode takes it, only for operands that are
 contiguous without an assumption, one of which has the result's shape: the result is then
-contiguous. The others take it with static sizes only.
+contiguous. Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from typing import Any, Callable
 import torch
 
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
-                            is_contiguous_for_memory_format_or_false, is_non_overlapping_and_dense,
-                            make_contiguous_strides_for)
+                            is_contiguous_for_memory_format_or_false, make_channels_last_2d_strides_for,
+                            make_channels_last_3d_strides_for, make_contiguous_strides_for)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -135,12 +137,91 @@ def _same_sizes(shape: Any, other: tuple) -> bool:
     return len(shape) == len(other) and all(_same_size(a, b) for a, b in zip(shape, other))
 
 
-# --- matrix products and layer norm (static sizes) ----------------------------------------------
+# --- views that decide nothing ------------------------------------------------------------------
 
-def _static_float(*tensors: Any) -> torch.dtype | None:
-    """The one floating dtype of ``tensors`` when all are static, else None."""
+def _dim(dim: Any, rank: int) -> int | None:
+    """``dim`` wrapped into ``range(rank)``; None where torch refuses it (the meta kernel raises)."""
+    if type(dim) is not int or not -max(rank, 1) <= dim < max(rank, 1):
+        return None
+    return dim % max(rank, 1)
+
+
+def _viewed(input: torch.Tensor, sizes: list, strides: list) -> torch.Tensor:
+    return input.as_strided(sizes, strides, input.storage_offset())
+
+
+def transpose(input: Any, dim0: Any, dim1: Any) -> torch.Tensor | None:
+    if not isinstance(input, torch.Tensor) or input.dim() == 0:
+        return None
+    first, second = _dim(dim0, input.dim()), _dim(dim1, input.dim())
+    if first is None or second is None:
+        return None
+    sizes, strides = list(input.shape), list(input.stride())
+    sizes[first], sizes[second] = sizes[second], sizes[first]
+    strides[first], strides[second] = strides[second], strides[first]
+    return _viewed(input, sizes, strides)
+
+
+def t(input: Any) -> torch.Tensor | None:
+    if not isinstance(input, torch.Tensor) or input.dim() > 2:
+        return None
+    return transpose(input, 0, 1) if input.dim() == 2 else _viewed(input, list(input.shape), list(input.stride()))
+
+
+def permute(input: Any, dims: Any) -> torch.Tensor | None:
+    if not isinstance(input, torch.Tensor) or not isinstance(dims, (list, tuple)) or len(dims) != input.dim():
+        return None
+    wrapped = [_dim(dim, input.dim()) for dim in dims]
+    if None in wrapped or sorted(wrapped) != list(range(input.dim())) or input.dim() == 0:
+        return None
+    sizes, strides = input.shape, input.stride()
+    return _viewed(input, [sizes[dim] for dim in wrapped], [strides[dim] for dim in wrapped])
+
+
+def unsqueeze(input: Any, dim: Any) -> torch.Tensor | None:
+    if not isinstance(input, torch.Tensor):
+        return None
+    at = _dim(dim, input.dim() + 1)
+    if at is None:
+        return None
+    sizes, strides = list(input.shape), list(input.stride())
+    strides.insert(at, 1 if at >= input.dim() else sizes[at] * strides[at])
+    sizes.insert(at, 1)
+    return _viewed(input, sizes, strides)
+
+
+def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | None:
+    """Sizes kept (-1 or the same), size-1 dims broadcast and new leading dims, at stride 0."""
+    if not isinstance(input, torch.Tensor) or not isinstance(size, (list, tuple)) or len(size) < input.dim():
+        return None
+    leading = len(size) - input.dim()
+    sizes, strides = [], []
+    for i, target in enumerate(size):
+        if i < leading:
+            if not isinstance(target, torch.SymInt) and (type(target) is not int or target < 0):
+                return None
+            sizes.append(target)
+            strides.append(0)
+            continue
+        own, stride = input.shape[i - leading], input.stride()[i - leading]
+        if (type(target) is int and target == -1) or _same_size(own, target):
+            sizes.append(own)
+            strides.append(stride)
+        elif type(own) is int and own == 1 and (isinstance(target, torch.SymInt) or
+                                                (type(target) is int and target >= 0)):
+            sizes.append(target)
+            strides.append(0)
+        else:
+            return None
+    return _viewed(input, sizes, strides)
+
+
+# --- matrix products and normalization -------------------------------------------------------
+
+def _one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
+    """The one floating dtype of ``tensors`` (all with static sizes, if ``static``), else None."""
     dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1 or any(has_symbolic_sizes(t) for t in tensors):
+    if len(dtypes) != 1 or (static and any(has_symbolic_sizes(t) for t in tensors)):
         return None
     (dtype,) = dtypes
     return dtype if dtype in _FLOATS else None
@@ -149,8 +230,8 @@ def _static_float(*tensors: Any) -> torch.dtype | None:
 def mm(self: Any, mat2: Any) -> torch.Tensor | None:
     if not (isinstance(self, torch.Tensor) and isinstance(mat2, torch.Tensor)) or self.dim() != 2 or mat2.dim() != 2:
         return None
-    dtype = _static_float(self, mat2)
-    if dtype is None or self.shape[1] != mat2.shape[0]:
+    dtype = _one_float(self, mat2)
+    if dtype is None or not _same_size(self.shape[1], mat2.shape[0]):
         return None
     return torch.empty((self.shape[0], mat2.shape[1]), dtype=dtype, device="meta")
 
@@ -159,37 +240,41 @@ def addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> 
     if type(beta) not in (int, float) or type(alpha) not in (int, float) or not isinstance(self, torch.Tensor):
         return None
     product = mm(mat1, mat2)
-    if product is None or _static_float(self, mat1) is None or self.dim() > 2 or \
-            _plain_broadcast([self.shape, product.shape]) != tuple(product.shape):
+    if product is None or _one_float(self, mat1) is None or self.dim() > 2:
         return None
-    return product
+    shape = _plain_broadcast([self.shape, product.shape])
+    return product if shape is not None and _same_sizes(shape, tuple(product.shape)) else None
 
 
 def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any) -> tuple | None:
     """Full precision, weight and bias of the input's dtype (or None): a contiguous result and
-    statistics of the input's leading sizes, as the CPU kernel allocates them."""
+    statistics of the input's leading sizes, as the CPU kernel allocates them. With symbolic
+    sizes, only of a contiguous input (as the meta kernel lays out any other as the input)."""
     parameters = [t for t in (weight, bias) if t is not None]
     if not isinstance(input, torch.Tensor) or type(eps) not in (int, float) or \
             not all(isinstance(t, torch.Tensor) for t in parameters):
         return None
-    dtype = _static_float(input, *parameters)
+    dtype = _one_float(input, *parameters)
     if dtype not in _FULL_PRECISION or not isinstance(normalized_shape, (list, tuple)) or not normalized_shape \
             or not all(type(size) is int for size in normalized_shape):
         return None
     axis = input.dim() - len(normalized_shape)
-    if axis < 0 or tuple(input.shape[axis:]) != tuple(normalized_shape) or \
-            any(tuple(t.shape) != tuple(normalized_shape) for t in parameters):
+    if axis < 0 or not _same_sizes(input.shape[axis:], tuple(normalized_shape)) or \
+            any(not _same_sizes(t.shape, tuple(normalized_shape)) for t in parameters):
+        return None
+    if has_symbolic_sizes(input) and not is_contiguous_for_memory_format_or_false(
+            input, memory_format=torch.contiguous_format):
         return None
     statistics = (*input.shape[:axis], *(1 for _ in normalized_shape))
-    return (torch.empty_strided(input.shape, make_contiguous_strides_for(input.shape), dtype=dtype, device="meta"),
-            torch.empty(statistics, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"))
+    return (torch.empty(input.shape, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"),
+            torch.empty(statistics, dtype=dtype, device="meta"))
 
 
 def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: Any,
                             eps: Any) -> tuple | None:
-    """``_native_batch_norm_legit_no_training`` of a dense full-precision input whose parameters and
-    running statistics are one value per channel of its dtype: the meta kernel's result keeps the
-    input's strides and gives per-channel statistics (the CPU's layout is the rule's,
+    """``_native_batch_norm_legit_no_training`` of a contiguous or channels-last full-precision input
+    whose parameters and running statistics are one value per channel of its dtype: the meta
+    kernel's result keeps the input's strides and gives per-channel statistics (the CPU's layout is the rule's,
     `fxprop.rules.normalization`)."""
     if not isinstance(input, torch.Tensor) or input.dim() < 2 or type(eps) not in (int, float) or \
             type(momentum) not in (int, float):
@@ -197,13 +282,19 @@ def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: An
     per_channel = [t for t in (weight, bias, running_mean, running_var) if t is not None]
     if not all(isinstance(t, torch.Tensor) for t in per_channel) or running_mean is None or running_var is None:
         return None
-    dtype = _static_float(input, *per_channel)
+    dtype = _one_float(input, *per_channel, static=True)
     channels = (input.shape[1],)
     if dtype not in _FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
-            not is_non_overlapping_and_dense(input):
+            input.stride() not in (make_contiguous_strides_for(input.shape), _channels_last_strides(input.shape)):
         return None
     return (torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta"),
             torch.empty(channels, dtype=dtype, device="meta"), torch.empty(channels, dtype=dtype, device="meta"))
+
+
+def _channels_last_strides(shape: tuple) -> tuple | None:
+    if len(shape) == 4:
+        return make_channels_last_2d_strides_for(shape)
+    return make_channels_last_3d_strides_for(shape) if len(shape) == 5 else None
 
 
 def native_batch_norm(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: Any,
@@ -232,6 +323,14 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     aten._native_batch_norm_legit_no_training.default: batch_norm_in_inference,
     aten.native_batch_norm.default: native_batch_norm,
 }
+# Their in-place forms (t_, unsqueeze_) change self's sizes: they run their kernels.
+_VIEWS: dict[Any, Callable[..., Any]] = {
+    aten.transpose.int: transpose,
+    aten.t.default: t,
+    aten.permute.default: permute,
+    aten.unsqueeze.default: unsqueeze,
+    aten.expand.default: expand,
+}
 
 
 def _in_place_forms() -> dict[Any, Callable[..., Any]]:
@@ -245,7 +344,7 @@ def _in_place_forms() -> dict[Any, Callable[..., Any]]:
     return forms
 
 
-DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_in_place_forms()}
+DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_VIEWS, **_in_place_forms()}
 
 
 def direct_result(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -45,66 +45,75 @@ def _in_format(tensor: torch.Tensor, memory_format: torch.memory_format) -> torc
     return tensor if tensor.is_contiguous(memory_format=memory_format) else tensor.contiguous(memory_format=memory_format)
 
 
-def _for_device(result: tuple, input: torch.Tensor, training: bool) -> tuple:
-    device = context.node_device()
-    if device is None or device.type != "cpu":
-        return result
-    output, save_mean, save_invstd, *rest = result
-    memory_format = _cpu_output_format(input)
-    if not output.is_contiguous(memory_format=memory_format):
-        output = output.contiguous(memory_format=memory_format)
-    if not training:
-        save_mean, save_invstd = (stat.new_empty((0,), dtype=input.dtype) for stat in (save_mean, save_invstd))
-    return (output, save_mean, save_invstd, *rest)
+def _cpu_statistics_dtype(input: torch.Tensor, *parameters: torch.Tensor | None) -> torch.dtype:
+    """The dtype of a CPU norm kernel's statistics. Parameters of another dtype than the input's
+    make the call mixed-type, which the kernels accept only for float32 parameters of a half or
+    bfloat16 input (``check_mixed_data_type``); the statistics then are float32."""
+    defined = [p for p in parameters if p is not None]
+    if all(p.dtype == input.dtype for p in defined):
+        return input.dtype
+    check(all(p.dtype == torch.float32 for p in defined),
+          lambda: "mixed dtype (CPU): expect parameter to have scalar type of Float")
+    check(input.dtype in (torch.bfloat16, torch.float16), lambda: "mixed dtype (CPU): all inputs must share same datatype.")
+    return torch.float32
+
+
+def _batch_norm(op, input, weight, bias, running_mean, running_var, training: bool, *rest) -> tuple:
+    """``op`` on meta tensors, laid out on the CPU as the CPU kernel lays it out: the output in the
+    input's memory format, the statistics in `_cpu_statistics_dtype`, empty in inference (the
+    meta kernel follows CUDA: one float32 value per channel)."""
+    on_the_cpu = _on_cpu()
+    if on_the_cpu:
+        dtype = _cpu_statistics_dtype(input, weight, bias, running_mean, running_var)
+    output, save_mean, save_invstd, *more = op(input, weight, bias, running_mean, running_var, *rest)
+    if not on_the_cpu:
+        return (output, save_mean, save_invstd, *more)
+    output = _in_format(output, _cpu_output_format(input))
+    shape = save_mean.shape if training else (0,)
+    if save_mean.dtype != dtype or tuple(save_mean.shape) != tuple(shape):
+        save_mean, save_invstd = (stat.new_empty(shape, dtype=dtype) for stat in (save_mean, save_invstd))
+    return (output, save_mean, save_invstd, *more)
 
 
 @rule(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    result = aten.native_batch_norm.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
-    return _for_device(result, input, training)
+    return _batch_norm(aten.native_batch_norm.default, input, weight, bias, running_mean, running_var, training,
+                       training, momentum, eps)
 
 
 @rule(aten._native_batch_norm_legit.default)
 def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    result = aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training,
-                                                   momentum, eps)
-    return _for_device(result, input, training)
+    return _batch_norm(aten._native_batch_norm_legit.default, input, weight, bias, running_mean, running_var,
+                       training, training, momentum, eps)
 
 
 @rule(aten._native_batch_norm_legit_no_training.default)
 def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    result = aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean, running_var,
-                                                               momentum, eps)
-    return _for_device(result, input, False)
+    return _batch_norm(aten._native_batch_norm_legit_no_training.default, input, weight, bias, running_mean,
+                       running_var, False, momentum, eps)
 
 
 @rule(aten._batch_norm_impl_index.default)
 def batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
-    result = aten._batch_norm_impl_index.default(input, weight, bias, running_mean, running_var, training, momentum,
-                                                 eps, cudnn_enabled)
-    return _for_device(result, input, training)
+    return _batch_norm(aten._batch_norm_impl_index.default, input, weight, bias, running_mean, running_var, training,
+                       training, momentum, eps, cudnn_enabled)
 
 
 @rule(aten._batch_norm_no_update.default)
 def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    result = aten._batch_norm_no_update.default(input, weight, bias, running_mean, running_var, momentum, eps)
-    return _for_device(result, input, False)
+    return _batch_norm(aten._batch_norm_no_update.default, input, weight, bias, running_mean, running_var, False,
+                       momentum, eps)
 
 
 @rule(aten.native_layer_norm.default)
 def native_layer_norm(input, normalized_shape, weight, bias, eps):
-    """On the CPU, a weight or bias of another dtype than the input's makes the call mixed-type,
-    which the kernel accepts for float32 parameters only. The statistics take the parameters'
-    dtype in a mixed-type call and the input's otherwise; the meta kernel gives a half or
-    bfloat16 input float32 statistics, as the CUDA kernel does."""
+    """On the CPU, the statistics take `_cpu_statistics_dtype` (the meta kernel gives a half or
+    bfloat16 input float32 statistics, as the CUDA kernel does), and a mixed-type call is refused
+    as the CPU kernel refuses it."""
     on_the_cpu = _on_cpu()
-    parameters = [p for p in (weight, bias) if p is not None]
-    mixed = any(p.dtype != input.dtype for p in parameters)
-    if on_the_cpu and mixed:
-        check(all(p.dtype == torch.float32 for p in parameters),
-              lambda: "mixed dtype (CPU): expect parameter to have scalar type of Float")
+    if on_the_cpu:
+        dtype = _cpu_statistics_dtype(input, weight, bias)
     output, mean, rstd = aten.native_layer_norm.default(input, normalized_shape, weight, bias, eps)
-    dtype = parameters[0].dtype if mixed else input.dtype
     if not on_the_cpu or mean.dtype == dtype:
         return output, mean, rstd
     return output, mean.new_empty(mean.shape, dtype=dtype), rstd.new_empty(rstd.shape, dtype=dtype)
