@@ -1,8 +1,8 @@
 """fxprop against torch's FakeTensorProp on the same graphs, in one run, side by side.
 
-    .venv/bin/python benchmarks/run.py                  # everything (~25 min on 2 cores), writes benchmarks/results.md
+    .venv/bin/python benchmarks/run.py                  # everything (~22 min on 2 cores), writes benchmarks/results.md
     .venv/bin/python benchmarks/run.py --quick          # one iteration (~3 min): fewer runs, no cold, no Llama-160/800
-    .venv/bin/python benchmarks/run.py --profile-only   # only the three cProfile summaries, printed (~1 min)
+    .venv/bin/python benchmarks/run.py --profile-only   # only the three cProfile summaries, printed (~15 s)
     .venv/bin/python benchmarks/run.py --cases gpt2 llama80 --runs 3 --no-cold --no-symbolic --no-aot
 
 Graphs (benchmarks/models.py; no downloads, HF models from configs built in code)
@@ -22,18 +22,19 @@ Symbolic section (benchmarks/dynamic.py; --symbolic, --no-symbolic)
              ``torch.export.export(..., dynamic_shapes=...)`` with ``Dim`` batch and seq on HF GPT-2,
              Llama and BERT (4 layers, tests/corpus configs), and Dim seq on the Llama of
              fxprop/examples.py with meta parameters (Llama-3-70B sizes; 8, 32, 80 and 800 layers,
-             the last 53,629 nodes, ~2.5 min to export). ``fxprop.propagate(ep)`` (no inputs: the
+             the last 53,629 nodes, ~2 min to export). ``fxprop.propagate(ep)`` (no inputs: the
              traced values) against ``FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*vals)``
              with the placeholders' ``meta["val"]`` in the program's own FakeTensorMode and ShapeEnv;
              fresh copies of the graph/program per call, caches cleared as above. Each method first
              annotates the program once untimed (the ShapeEnv's own memos warm, as after export;
-             not above 20,000 nodes); one timed call per regime above 5,000 nodes, first sight only
-             above 20,000. "differ" counts nodes whose fxprop value the ShapeEnv cannot prove equal
-             to export's (checked up to 5,000 nodes).
-AOT section  (benchmarks/dynamic.py; --aot-models, --no-aot) tests/corpus models in training mode,
-             ``torch.compile(dynamic=False / True)`` with a backend that times both methods on
-             dynamo's graph and then hands it to ``aot_autograd(fw_compiler, bw_compiler)`` whose
-             compilers time ``fxprop.propagate(gm, *example_inputs)`` against inductor's
+             not above 20,000 nodes); at most 3 timed calls per regime above 1,000 nodes, one
+             above 5,000, first sight only above 20,000. "differ" counts nodes whose fxprop value
+             the ShapeEnv cannot prove equal to export's (checked up to 5,000 nodes).
+AOT section  (benchmarks/dynamic.py; --aot-models, --no-aot) tests/corpus models (default llama,
+             bert, t5) in training mode, ``torch.compile(dynamic=False / True)`` with a backend
+             that times both methods on dynamo's graph and then hands it to
+             ``aot_autograd(fw_compiler, bw_compiler)`` whose compilers time
+             ``fxprop.propagate(gm, *example_inputs)`` against inductor's
              ``fake_tensor_prop(gm, example_inputs, force_allow_non_fake_inputs=True)`` on the forward
              and backward graphs (median of at most 3 runs). Also fxprop's first sight inside the
              dynamic=True backend against its own first sight inside the static one, same model.
@@ -81,7 +82,7 @@ QUICK_SKIPS = ("llama160", "llama800")
 DEFAULT_SYMBOLIC = ("hf_gpt2_dim", "hf_llama_dim", "hf_bert_dim", "llama8_dim", "llama32_dim", "llama80_dim",
                     "llama800_dim")
 QUICK_SYMBOLIC = ("hf_gpt2_dim", "hf_llama_dim", "hf_bert_dim", "llama4_dim", "llama8_dim", "llama16_dim")
-DEFAULT_AOT = ("llama", "gpt2", "bert", "t5")
+DEFAULT_AOT = ("llama", "bert", "t5")
 AOT_MAX_RUNS = 3  # timed calls per method, regime and graph in the AOT section
 QUICK_AOT = ("llama",)
 FIRST_SIGHT_TARGET, HOT_MEAN_TARGET, HOT_EACH_TARGET = 0.10, 0.03, 0.05
@@ -295,7 +296,8 @@ def measure_programs(args, loads: list) -> list[dict]:
         print(f"[{key}] exporting", file=sys.stderr, flush=True)
         program = dynamic.PROGRAMS[key]()
         nodes = program.nodes
-        runs = 1 if nodes > MEDIUM_NODES else args.runs  # symbolic calls cost ~1 ms per node
+        # symbolic calls cost ~1.5 ms per node: fewer timed calls on the larger programs
+        runs = 1 if nodes > MEDIUM_NODES else min(args.runs, 3) if nodes > 1_000 else args.runs
         row = {"key": key, "graph": program.name, "nodes": nodes, "layers": program.layers,
                "export_s": program.export_s, "runs": runs}
         if nodes <= LARGE_NODES:  # the program's ShapeEnv memos warm for both methods, as after export
@@ -589,7 +591,7 @@ def targets(rows, programs, compiled) -> list[tuple[str, str, bool]]:
         figures, ok = [], largest >= 50_000
         for label in ("first", "hot"):
             points = [(l, n, r[f"{label}_fxprop"]) for l, n, r in llama if f"{label}_fxprop" in r]
-            if len(points) >= 3:
+            if len(points) >= 3 and max(n for _, n, _ in points) == largest:  # regimes measured up to the largest
                 figure, linear = linearity(points)
                 figures.append(f"{label}: {figure}")
                 ok = ok and linear
