@@ -6,12 +6,11 @@ torch.export would have left there.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from .torch_compat import (FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr,
-                           statically_known_true)
+from .symbolic import known_laid_out_in
+from .torch_compat import FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
@@ -56,7 +55,7 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
         if symbolic_formats is not None and key in symbolic_formats:
             memory_format = symbolic_formats[key]
         else:
-            memory_format = next((candidate for candidate in _FORMATS if _known_dense_in(shape, stride, candidate)),
+            memory_format = next((candidate for candidate in _FORMATS if known_laid_out_in(shape, stride, candidate)),
                                  None)
             if symbolic_formats is not None:
                 symbolic_formats[key] = memory_format
@@ -69,32 +68,6 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
             except RuntimeError:
                 continue
     return TensorMetadata(shape, meta.dtype, meta.requires_grad, stride, memory_format, False, {})
-
-
-_DIM_ORDER = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 3, 2, 0)}  # fastest first
-
-
-def _known_dense_in(shape: tuple, stride: tuple, memory_format: torch.memory_format) -> bool:
-    """Whether sizes and strides are laid out in ``memory_format``, as far as the ShapeEnv knows
-    without deciding anything: `statically_known_true` never adds a guard, where torch's own
-    checks guard on a backed size's hint."""
-    if memory_format is torch.contiguous_format:
-        if statically_known_true(math.prod(shape) == 0):
-            return True
-        order = range(len(shape) - 1, -1, -1)
-    else:
-        order = _DIM_ORDER[memory_format]
-        if len(order) != len(shape):
-            return False
-    expected = 1
-    for dim in order:
-        size = shape[dim]
-        if statically_known_true(size == 1):
-            continue
-        if not statically_known_true(stride[dim] == expected):
-            return False
-        expected = expected * size
-    return True
 
 
 def map_structure(fn, value: Any) -> Any:

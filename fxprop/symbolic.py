@@ -171,6 +171,41 @@ def broadcast_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(stand_in(value) for value in args), {key: stand_in(value) for key, value in kwargs.items()}
 
 
+_DIM_ORDER = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 3, 2, 0)}  # fastest first
+
+
+def known_laid_out_in(shape: tuple, stride: tuple, memory_format: torch.memory_format) -> bool:
+    """Whether sizes and strides are laid out in ``memory_format``, as far as the ShapeEnv knows
+    without deciding anything: `statically_known_true` never adds a guard, where torch's own
+    checks guard on a backed size's hint."""
+    if memory_format is torch.contiguous_format:
+        if torch_compat.statically_known_true(math.prod(shape) == 0):
+            return True
+        order = range(len(shape) - 1, -1, -1)
+    else:
+        order = _DIM_ORDER[memory_format]
+        if len(order) != len(shape):
+            return False
+    expected = 1
+    for dim in order:
+        size = shape[dim]
+        if _known_equal(size, 1):
+            continue
+        if not _known_equal(stride[dim], expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def _known_equal(a: Any, b: Any) -> bool:
+    """``a == b`` as the ShapeEnv knows it, without a guard; equal expressions are equal on sight."""
+    if type(a) is int and type(b) is int:
+        return a == b
+    if _as_sympy(a) == _as_sympy(b):
+        return True
+    return torch_compat.statically_known_true(a == b)
+
+
 def contiguous_strides(sizes: Iterable[Any]) -> tuple:
     strides, running = [], 1
     for size in reversed(list(sizes)):

@@ -268,3 +268,26 @@ def test_batch_norm_of_a_size_one_dim_with_an_odd_stride_keeps_its_meta_kernel_o
     input = torch.empty_strided((2, 3, 1, 4), (12, 4, 7, 1), device="meta")
     channels = [torch.empty(3, device="meta") for _ in range(4)]
     assert direct.batch_norm_in_inference(input, *channels, 0.1, 1e-5) is None
+
+
+@pytest.mark.parametrize("reshape", [lambda x: x.view(-1, 8), lambda x: x.view(x.shape[0], -1, 2, 4),
+                                     lambda x: x.view(x.shape[0] * x.shape[1], 8), lambda x: x.view(-1),
+                                     lambda x: x.transpose(0, 1).reshape(-1, 8), lambda x: x.view(1, -1, 8, 1),
+                                     lambda x: x[:, 1:].reshape(-1, 4)])
+def test_symbolic_views_equal_their_meta_kernels_and_real_execution(reshape):
+    def propagated():
+        gm = torch.fx.symbolic_trace(reshape)
+        out = fxprop.propagate(gm, fxprop.TensorSpec(("B", "T", 8)))
+        return gm, (fxprop.shape_of(next(n for n in gm.graph.nodes if n.op == "output").args[0]), str(out.stride()))
+
+    gm, fast = propagated()
+    table = dict(direct.DIRECT)
+    direct.DIRECT.clear()
+    try:
+        assert propagated()[1] == fast
+    finally:
+        direct.DIRECT.update(table)
+    real = reshape(torch.randn(3, 5, 8))
+    sizes = [int(size.subs({symbol: {"B": 3, "T": 5}[symbol.name] for symbol in size.free_symbols}))
+             if hasattr(size, "free_symbols") else size for size in fast[0]]
+    assert sizes == list(real.shape)

@@ -20,12 +20,14 @@ contiguous. Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 
+from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
-                            is_contiguous_for_memory_format_or_false, make_channels_last_2d_strides_for,
+                            make_channels_last_2d_strides_for,
                             make_channels_last_3d_strides_for, make_contiguous_strides_for)
 
 aten = torch.ops.aten
@@ -93,8 +95,7 @@ def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
 def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple) -> torch.Tensor | None:
     if any(has_symbolic_sizes(tensor) for tensor in tensors) and (
             not any(_same_sizes(tensor.shape, shape) for tensor in tensors) or not all(
-                is_contiguous_for_memory_format_or_false(tensor, memory_format=torch.contiguous_format)
-                for tensor in tensors)):
+                known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format) for tensor in tensors)):
         return None
     return torch.empty(shape, dtype=dtype, device="meta")  # static sizes: laid out by `fxprop.layout.relayout`
 
@@ -216,6 +217,31 @@ def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | N
     return _viewed(input, sizes, strides)
 
 
+def view(input: Any, size: Any) -> torch.Tensor | None:
+    """A view of a contiguous input with symbolic sizes, where the element counts agree as
+    expressions (a -1 inferred by exact division): no size is decided. The strides are laid out
+    afterwards as ATen's ``computeStride`` gives them (`fxprop.view_strides`). Static views keep
+    their (fast) meta kernel."""
+    if not isinstance(input, torch.Tensor) or not has_symbolic_sizes(input) or not isinstance(size, (list, tuple)) \
+            or not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
+        return None
+    if any(not isinstance(s, torch.SymInt) and (type(s) is not int or s < -1) for s in size) or \
+            sum(1 for s in size if type(s) is int and s == -1) > 1:
+        return None
+    known = math.prod(s for s in size if not (type(s) is int and s == -1))
+    numel = math.prod(input.shape)
+    sizes = list(size)
+    if len(sizes) != len([s for s in size if not (type(s) is int and s == -1)]):
+        if type(known) is int and known == 0:
+            return None
+        inferred = numel // known
+        sizes[sizes.index(-1)] = inferred
+        known = known * inferred
+    if not _same_size(known, numel):
+        return None
+    return input.as_strided(sizes, make_contiguous_strides_for(sizes), input.storage_offset())
+
+
 # --- matrix products and normalization -------------------------------------------------------
 
 def _one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
@@ -262,8 +288,7 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
     if axis < 0 or not _same_sizes(input.shape[axis:], tuple(normalized_shape)) or \
             any(not _same_sizes(t.shape, tuple(normalized_shape)) for t in parameters):
         return None
-    if has_symbolic_sizes(input) and not is_contiguous_for_memory_format_or_false(
-            input, memory_format=torch.contiguous_format):
+    if has_symbolic_sizes(input) and not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
         return None
     statistics = (*input.shape[:axis], *(1 for _ in normalized_shape))
     return (torch.empty(input.shape, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"),
@@ -330,6 +355,7 @@ _VIEWS: dict[Any, Callable[..., Any]] = {
     aten.permute.default: permute,
     aten.unsqueeze.default: unsqueeze,
     aten.expand.default: expand,
+    aten.view.default: view,
 }
 
 
