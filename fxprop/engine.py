@@ -18,6 +18,8 @@ its own nodes are annotated too.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
@@ -110,7 +112,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     flat_inputs = _flatten_inputs(gm, inputs)
     _check_arity(placeholders, flat_inputs)
     symbols = symbolic.SymbolicSession()
-    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols):
+    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
+            _garbage_collection_paused():
         propagation = Propagation(gm, options, symbols)
         internal = [to_internal(symbolic.traced_example(node, value), f"input {i} (placeholder %{node.name})",
                                 propagation.session.real_values)
@@ -147,10 +150,25 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     options = _Options.checked(param_device, fallback_limit_bytes, cache, None)
     dirty = _downstream_of_edits(gm, edited)
     symbols = symbolic.session_of(gm)
-    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols):
+    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
+            _garbage_collection_paused():
         propagation = Propagation(gm, options, symbols)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
+
+
+@contextlib.contextmanager
+def _garbage_collection_paused():
+    """Python's cyclic garbage collector paused for the call: every generation-2 pass walks all
+    live objects, which a large graph's values make many, and time per node would grow with the
+    graph. The collector is resumed (when this call paused it) even when the call fails."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -537,9 +555,11 @@ class GraphWalk:
             if symbols.active:
                 created_symbols = symbols.claim(node.name) or symbols.symbol_count() != symbols_before
                 symbols.check_size(value)
-            if memo is None:  # the call may have changed a tensor it was given, or global state
-                self.propagation.signatures.forget()
-                self.propagation.refresh_environment()
+            if memo is None:
+                if self.propagation.options.memo is not None:
+                    # the call may have changed a tensor it was given, or global state the key holds
+                    self.propagation.signatures.forget()
+                    self.propagation.refresh_environment()
             elif hit is None and not created_symbols:
                 memo.store(args, kwargs, value, provenance)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,

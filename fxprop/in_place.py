@@ -34,6 +34,7 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
     packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
     if packet is None:
         return None
+
     def arguments(overload: OpOverload, defaults: bool = False) -> list:
         return [(a.name, str(a.type), a.default_value if defaults and a.has_default_value() else None)
                 for a in schema_of(overload).arguments]

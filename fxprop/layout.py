@@ -213,9 +213,10 @@ def _cast_on_the_host(op: OpOverload, operands: list) -> list:
     contiguous tensor."""
     if _operand_arguments(op) not in _BINARY_OPERANDS or len(operands) != 2:
         return operands
-    dtypes = {operand.dtype for operand in operands if isinstance(operand, torch.Tensor)}
-    if not dtypes:
-        return operands
+    tensors = [operand for operand in operands if isinstance(operand, torch.Tensor)]
+    dtypes = {tensor.dtype for tensor in tensors}
+    if not dtypes or (len(tensors) == 2 and len(dtypes) == 1 and op not in _INT_TO_FLOAT):
+        return operands  # nothing to cast
     common = elementwise_dtypes(*operands, type_promotion_kind=_INT_TO_FLOAT.get(op, _DEFAULT))[1]
     if dtypes == {common}:
         return operands

@@ -157,3 +157,19 @@ def test_propagating_in_dynamos_shape_env_adds_no_guard_for_the_memory_format(fn
     torch._dynamo.reset()
     torch.compile(fn, backend=backend, dynamic=True)(torch.randn(6, 8))
     assert added == []
+
+
+def test_the_garbage_collector_is_paused_only_while_propagating():
+    import gc
+    gm = torch.fx.symbolic_trace(RepeatedBlocks())
+    fxprop.propagate(gm, TensorSpec((2, 3, 16)))
+    assert gc.isenabled()
+    with pytest.raises(fxprop.PropagationError):
+        fxprop.propagate(gm, TensorSpec((2, 3, 15)))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fxprop.propagate(gm, TensorSpec((2, 3, 16)))
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()

@@ -20,6 +20,7 @@ contiguous. Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -55,7 +56,7 @@ _UNARY_FLOAT = {aten.relu.default, aten.silu.default, aten.sigmoid.default, aten
 _GELU_APPROXIMATIONS = ("none", "tanh")
 
 
-def binary(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     """Two tensors, or a floating tensor and a python number."""
     if kwargs or len(args) != 2:
         return None
@@ -77,13 +78,10 @@ def binary(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), operands)
 
 
-def unary_float(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    if len(args) != 1 or kwargs:
-        return None
-    (input,) = args
+def unary_float(input: Any) -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
         return None
-    return _elementwise_result(input.shape, input.dtype, args)
+    return _elementwise_result(input.shape, input.dtype, (input,))
 
 
 def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
@@ -339,8 +337,8 @@ def _in_place_of(functional: Any) -> Callable[..., Any]:
 
 
 _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
-    **{op: (lambda op: lambda *args, **kwargs: binary(op, args, kwargs))(op) for op in _BINARY},
-    **{op: (lambda op: lambda *args, **kwargs: unary_float(op, args, kwargs))(op) for op in _UNARY_FLOAT},
+    **{op: functools.partial(binary, op) for op in _BINARY},
+    **dict.fromkeys(_UNARY_FLOAT, unary_float),
     aten.gelu.default: gelu,
     aten.mm.default: mm,
     aten.addmm.default: addmm,
