@@ -27,29 +27,24 @@ where the tensor's value is known, fxprop gives the value and dynamo a symbol.) 
 from __future__ import annotations
 
 import argparse
-import gc
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from torch._inductor.compile_fx import fake_tensor_prop
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-import fxprop  # noqa: E402
 from corpus import models as corpus  # noqa: E402
-from methods import clear_caches  # noqa: E402
 from run import geomean, load, source_state  # noqa: E402
+from dynamic import CompiledGraph  # noqa: E402
 
 DEFAULT_MODELS = ("llama", "mixtral", "qwen2_moe", "phi3", "gemma2", "t5", "bart", "deberta_v2", "vit", "swin",
                   "whisper", "clip", "mamba")
-ORDER = ("fxprop", "FakeTensorProp")
 COMMAND = ".venv/bin/python benchmarks/in_backend.py"
 
 
@@ -74,60 +69,16 @@ def differences(gm: torch.fx.GraphModule) -> int:
                and not same(node.meta["example_value"], node.meta.get("val")))
 
 
-class Graph:
-    """One graph dynamo handed the backend, with what is needed to annotate it again."""
-
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
-        self.gm, self.example_inputs = gm, list(example_inputs)
-        self.dynamo_meta = {node: dict(node.meta) for node in gm.graph.nodes}
-        self.graph_meta = dict(gm.meta)
-        self.nodes = len(gm.graph.nodes)
-
-    def restore(self) -> None:
-        for node, meta in self.dynamo_meta.items():
-            node.meta = dict(meta)
-        self.gm.meta = dict(self.graph_meta)
-
-    def annotate(self, method: str) -> None:
-        if method == "fxprop":
-            fxprop.propagate(self.gm, *self.example_inputs)
-        else:
-            fake_tensor_prop(self.gm, self.example_inputs, force_allow_non_fake_inputs=True)
-
-    def timed(self, method: str, *, first_sight: bool) -> float:
-        self.restore()
-        if first_sight:
-            clear_caches()
-        gc.collect()
-        start = time.perf_counter()
-        self.annotate(method)
-        return time.perf_counter() - start
+class Graph(CompiledGraph):
+    """One graph dynamo handed the backend: timed as `CompiledGraph` times it, then compared with
+    dynamo's ``example_value`` after fxprop annotates it."""
 
     def measure(self, runs: int) -> dict:
-        """Medians per regime and method; a method that cannot annotate the graph is left out
-        of the timing and its error kept."""
-        out: dict = {"nodes": self.nodes, "errors": {}}
-        methods = []
-        for method in ORDER:
-            try:
-                self.timed(method, first_sight=True)
-                methods.append(method)
-            except Exception as error:
-                out["errors"][method] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:100]}"
-        for regime, first_sight in (("first sight", True), ("hot", False)):
-            if not first_sight:
-                for method in methods:
-                    self.timed(method, first_sight=False)
-            times: dict[str, list[float]] = {method: [] for method in methods}
-            for round_ in range(runs):
-                for method in methods if round_ % 2 == 0 else reversed(methods):
-                    times[method].append(self.timed(method, first_sight=first_sight))
-            out[regime] = {method: statistics.median(times[method]) for method in methods}
-        if "fxprop" in methods:
-            self.restore()
+        out = super().measure(runs, ("first sight", "hot"))
+        if "fxprop" not in out["errors"]:
             self.annotate("fxprop")
             out["differ"] = differences(self.gm)
-        self.restore()
+            self.restore()
         return out
 
 

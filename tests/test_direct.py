@@ -7,6 +7,7 @@ call with the shortcut switched off must give the very same result.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -56,17 +57,24 @@ def _binary_cases():
         yield pytest.param(op, shapes, dtypes, id=f"{op}-{shapes}-{dtypes}")
 
 
-def _same_without_shortcut(op, args, kwargs, got):
+@contextlib.contextmanager
+def _without_shortcut():
+    """The meta kernels alone, as before `fxprop.kinds.direct`."""
     table = dict(direct.DIRECT)
     direct.DIRECT.clear()
     try:
+        yield
+    finally:
+        direct.DIRECT.update(table)
+
+
+def _same_without_shortcut(op, args, kwargs, got):
+    with _without_shortcut():
         gm, tensors = call_graph(op, args, kwargs)
         try:
             slow = fxprop.propagate(gm, *tensors, cache=False)
         except fxprop.PropagationError as error:
             raise AssertionError(f"the meta kernel refuses what the shortcut answered: {error}") from None
-    finally:
-        direct.DIRECT.update(table)
     for fast_value, slow_value in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(slow)):
         assert (fast_value.shape, fast_value.stride(), fast_value.dtype, fast_value.requires_grad) == \
                (slow_value.shape, slow_value.stride(), slow_value.dtype, slow_value.requires_grad)
@@ -210,12 +218,8 @@ def test_views_with_symbolic_sizes_equal_their_meta_kernels():
                 if node.op == "call_method"]
 
     fast = propagated()
-    table = dict(direct.DIRECT)
-    direct.DIRECT.clear()
-    try:
+    with _without_shortcut():
         assert propagated() == fast
-    finally:
-        direct.DIRECT.update(table)
 
 
 def test_products_and_layer_norm_with_symbolic_sizes_equal_their_meta_kernels():
@@ -231,12 +235,8 @@ def test_products_and_layer_norm_with_symbolic_sizes_equal_their_meta_kernels():
                 for node in gm.graph.nodes if node.op in ("call_function", "call_method")]
 
     fast = propagated()
-    table = dict(direct.DIRECT)
-    direct.DIRECT.clear()
-    try:
+    with _without_shortcut():
         assert propagated() == fast
-    finally:
-        direct.DIRECT.update(table)
 
 
 _NORM_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -281,12 +281,8 @@ def test_symbolic_views_equal_their_meta_kernels_and_real_execution(reshape):
         return gm, (fxprop.shape_of(next(n for n in gm.graph.nodes if n.op == "output").args[0]), str(out.stride()))
 
     gm, fast = propagated()
-    table = dict(direct.DIRECT)
-    direct.DIRECT.clear()
-    try:
+    with _without_shortcut():
         assert propagated()[1] == fast
-    finally:
-        direct.DIRECT.update(table)
     real = reshape(torch.randn(3, 5, 8))
     sizes = [int(size.subs({symbol: {"B": 3, "T": 5}[symbol.name] for symbol in size.free_symbols}))
              if hasattr(size, "free_symbols") else size for size in fast[0]]
