@@ -196,7 +196,8 @@ _VIEW_CALLS = [(aten.transpose.int, (0, 1)), (aten.transpose.int, (-1, 1)), (ate
                (aten.expand.default, ([2, 4, 3],)), (aten.expand.default, ([5, -1, 4, 3],)),
                (aten.expand.default, ([-1, 4, 3],)), (aten.expand.default, ([2, 3, 3],)),
                (aten.expand.default, ([3],)), (aten.expand.default, ([-1, -1, -1, -1],)),
-               (aten.expand.default, ([0, 2, 4, 3],))]
+               (aten.expand.default, ([0, 2, 4, 3],)), (aten.expand.default, ([2, 1, -1, -1, -1],)),
+               (aten.expand.default, ([1, 1, 2, 4, 3],))]
 
 
 @pytest.mark.parametrize("op, arguments", _VIEW_CALLS, ids=[f"{op}-{a}" for op, a in _VIEW_CALLS])
@@ -287,3 +288,36 @@ def test_symbolic_views_equal_their_meta_kernels_and_real_execution(reshape):
     sizes = [int(size.subs({symbol: {"B": 3, "T": 5}[symbol.name] for symbol in size.free_symbols}))
              if hasattr(size, "free_symbols") else size for size in fast[0]]
     assert sizes == list(real.shape)
+
+
+@pytest.mark.parametrize("name, dynamic", [("clip", False), ("swin", True)])
+def test_a_compiled_model_equals_dynamos_values_on_every_node(name, dynamic):
+    """Expressions dynamo's ShapeEnv can prove equal to its own example values (a new leading dim
+    of size 1 keeps ATen's stride; views keep the meta kernel's expressions)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from corpus import models as corpus
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    def same_size(a, b):
+        return statically_known_true(a == b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
+
+    differing = []
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        for node in gm.graph.nodes:
+            theirs, ours = node.meta.get("example_value"), node.meta.get("val")
+            if isinstance(theirs, torch.Tensor) and not (
+                    isinstance(ours, torch.Tensor) and theirs.dim() == ours.dim()
+                    and all(map(same_size, theirs.shape, ours.shape)) and all(map(same_size, theirs.stride(), ours.stride()))
+                    and (theirs.dtype, theirs.requires_grad) == (ours.dtype, ours.requires_grad)):
+                differing.append(node.name)
+        return gm.forward
+
+    model, inputs = corpus.build(name)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model.eval(), backend=backend, dynamic=dynamic)(**inputs)
+    assert differing == []

@@ -21,7 +21,6 @@ contiguous. Batch norm takes it with static sizes only.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable
 
 import torch
@@ -190,54 +189,29 @@ def unsqueeze(input: Any, dim: Any) -> torch.Tensor | None:
 
 
 def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | None:
-    """Sizes kept (-1 or the same), size-1 dims broadcast and new leading dims, at stride 0."""
+    """ATen's ``inferExpandGeometry``, right to left: sizes kept (-1 or the same), size-1 dims
+    broadcast at stride 0; a new leading dim of size 1 takes the stride of the dims after it."""
     if not isinstance(input, torch.Tensor) or not isinstance(size, (list, tuple)) or len(size) < input.dim():
         return None
-    leading = len(size) - input.dim()
-    sizes, strides = [], []
-    for i, target in enumerate(size):
-        if i < leading:
-            if not isinstance(target, torch.SymInt) and (type(target) is not int or target < 0):
+    rank, own_rank = len(size), input.dim()
+    sizes: list[Any] = [None] * rank
+    strides: list[Any] = [None] * rank
+    for i in range(rank - 1, -1, -1):
+        dim = own_rank - rank + i
+        own = input.shape[dim] if dim >= 0 else 1
+        stride = input.stride()[dim] if dim >= 0 else (sizes[i + 1] * strides[i + 1] if i + 1 < rank else 1)
+        target = size[i]
+        if type(target) is int and target == -1:
+            if dim < 0:
+                return None  # torch refuses -1 for a new dim
+            target = own
+        if not _same_size(own, target):
+            if not (type(own) is int and own == 1) or not (
+                    isinstance(target, torch.SymInt) or (type(target) is int and target >= 0)):
                 return None
-            sizes.append(target)
-            strides.append(0)
-            continue
-        own, stride = input.shape[i - leading], input.stride()[i - leading]
-        if (type(target) is int and target == -1) or _same_size(own, target):
-            sizes.append(own)
-            strides.append(stride)
-        elif type(own) is int and own == 1 and (isinstance(target, torch.SymInt) or
-                                                (type(target) is int and target >= 0)):
-            sizes.append(target)
-            strides.append(0)
-        else:
-            return None
+            stride = 0
+        sizes[i], strides[i] = target, stride
     return _viewed(input, sizes, strides)
-
-
-def view(input: Any, size: Any) -> torch.Tensor | None:
-    """A view of a contiguous input with symbolic sizes, where the element counts agree as
-    expressions (a -1 inferred by exact division): no size is decided. The strides are laid out
-    afterwards as ATen's ``computeStride`` gives them (`fxprop.view_strides`). Static views keep
-    their (fast) meta kernel."""
-    if not isinstance(input, torch.Tensor) or not has_symbolic_sizes(input) or not isinstance(size, (list, tuple)) \
-            or not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
-        return None
-    if any(not isinstance(s, torch.SymInt) and (type(s) is not int or s < -1) for s in size) or \
-            sum(1 for s in size if type(s) is int and s == -1) > 1:
-        return None
-    known = math.prod(s for s in size if not (type(s) is int and s == -1))
-    numel = math.prod(input.shape)
-    sizes = list(size)
-    if len(sizes) != len([s for s in size if not (type(s) is int and s == -1)]):
-        if type(known) is int and known == 0:
-            return None
-        inferred = numel // known
-        sizes[sizes.index(-1)] = inferred
-        known = known * inferred
-    if not _same_size(known, numel):
-        return None
-    return input.as_strided(sizes, make_contiguous_strides_for(sizes), input.storage_offset())
 
 
 # --- matrix products and normalization -------------------------------------------------------
@@ -353,7 +327,6 @@ _VIEWS: dict[Any, Callable[..., Any]] = {
     aten.permute.default: permute,
     aten.unsqueeze.default: unsqueeze,
     aten.expand.default: expand,
-    aten.view.default: view,
 }
 
 
