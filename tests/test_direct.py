@@ -294,9 +294,6 @@ def test_symbolic_views_equal_their_meta_kernels_and_real_execution(reshape):
 def test_a_compiled_model_equals_dynamos_values_on_every_node(name, dynamic):
     """Expressions dynamo's ShapeEnv can prove equal to its own example values (a new leading dim
     of size 1 keeps ATen's stride; views keep the meta kernel's expressions)."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
     from corpus import models as corpus
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
