@@ -39,7 +39,7 @@ class TensorSpec:
     Dims may be symbolic: a string ("B", "2*T") or a sympy symbol or expression. The same
     name is the same size everywhere, and sizes are positive integers unless the sympy symbol
     is declared ``integer=True, nonnegative=True``; a symbol declared with assumptions must be
-    declared an integer (see "Symbolic shapes" in the README).
+    declared an integer (see docs/concepts/symbolic.md).
     """
     shape: Sequence[int | str | Any]
     dtype: torch.dtype | str = torch.float32

@@ -1,4 +1,4 @@
-"""The bad-input table (README "Robustness"): each wrong call or malformed graph gets one clear error.
+"""The bad-input table (docs/concepts/errors.md, "Bad inputs"): each wrong call or malformed graph gets one clear error.
 
 Wrong calls raise `fxprop.InputError` before any node is visited. A graph or a value that
 only fails where a node uses it raises `fxprop.PropagationError` naming that node. Neither

@@ -12,7 +12,7 @@ see the real shapes; the first op that raises ends the graph. Then, for every gr
 - nothing else: no other exception, no hang, no change to the graph, the module, the inputs
   or the RNG (`fxprop.testing.assert_no_side_effects`).
 
-The CI slice is derandomized. The long campaign (see README "Robustness")::
+The CI slice is derandomized. The long campaign (see docs/reliability.md, "Fuzz commands")::
 
     FXPROP_FUZZ_EXAMPLES=100000 .venv/bin/python -m pytest -q tests/test_fuzz.py -k random_graphs \\
         -p no:cacheprovider --hypothesis-seed=1

@@ -1,6 +1,6 @@
 """``--format table|json|md``: one annotated graph and its summary as text.
 
-The JSON document (``SCHEMA_VERSION`` 1) is described in README.md, "Command line"; with
+The JSON document (``SCHEMA_VERSION`` 1) is described in docs/cli.md, "JSON"; with
 ``--estimate`` it also has an ``"estimate"`` key: `fxprop.Estimate.to_dict`, per-node records included.
 """
 from __future__ import annotations
