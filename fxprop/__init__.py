@@ -7,6 +7,7 @@
 (2, 8)
 """
 from . import rules  # noqa: F401  (registers the hand-written rules)
+from .devices import factories, host_values, indexing  # noqa: F401  (fill the table of device rules)
 from .cache import RuleCache, rule_cache
 from .engine import DEFAULT_FALLBACK_LIMIT_BYTES, Provenance, propagate, repropagate
 from .estimate import Estimate, estimate

@@ -44,7 +44,7 @@ from .modules import StateView
 from .registry import generation as registry_generation, target_name
 from .resolution import reaches_dispatch, resolve_call
 from .source import source_line
-from .specs import meta_like, to_internal, values_worth_knowing
+from .specs import meta_like, to_internal, traced_example, values_worth_knowing
 from .torch_compat import FakeTensorMode
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -115,7 +115,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
             _garbage_collection_paused():
         propagation = Propagation(gm, options, symbols)
-        internal = [to_internal(symbolic.traced_example(node, value), f"input {i} (placeholder %{node.name})",
+        internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
                                 propagation.session.real_values)
                     for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
         output = propagation.run(lambda: propagation.walk(gm, internal))

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from .context import node_device
 from .kinds.direct import direct_result
 from .torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
-                           overload_name, pytree, schema_of, storage_key)
+                           overload_name, pytree, scalar_type_name, schema_of, storage_key)
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -122,7 +123,6 @@ def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> Non
 
 def _converts_by_fbgemm(self: torch.Tensor, src: Any) -> bool:
     """ATen's copy_ fast path between float32 and float16 CPU tensors of one size and layout."""
-    from .context import node_device
     device = node_device()
     if not isinstance(src, torch.Tensor):
         return False  # a number: copied as a 0-dim tensor by TensorIterator
@@ -170,8 +170,3 @@ def _same_view(a: Any, b: Any) -> bool:
             and a.dtype == b.dtype and a.is_conj() == b.is_conj() and a.is_neg() == b.is_neg())
 
 
-def scalar_type_name(dtype: torch.dtype) -> str:
-    """The dtype as ATen's messages name it (``Float``, ``Long``)."""
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))

@@ -7,10 +7,12 @@ import torch
 import torch.fx
 
 from . import symbolic
+from .call_graphs import call_graph
 from .context import Session, swap_session
+from .engine import propagate
 from .kinds import Rule
 from .resolution import resolve_call, static_rule
-from .specs import TensorSpec, to_internal
+from .specs import to_internal
 from .torch_compat import HigherOrderOperator, without_ambient_modes
 
 
@@ -50,32 +52,10 @@ def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
 
 
 def _propagated(target: Any, args: tuple, kwargs: dict) -> Rule:
-    from .engine import propagate
-    from .testing import call_graph
-    if isinstance(target, torch.nn.Module):
-        gm, tensors = _module_call_graph(target, args, kwargs)
-    else:
-        gm, tensors = call_graph(target, args, kwargs)
+    gm, tensors = call_graph(target, args, kwargs)
     propagate(gm, *tensors, cache=False)
     node = next(node for node in gm.graph.nodes if node.op.startswith("call"))
     provenance = node.meta["fxprop"]
     rule = static_rule(target)
     return Rule(provenance.kind, provenance.rule, rule.fn, device_rule=provenance.device_rule,
                 composite=rule.composite)
-
-
-def _module_call_graph(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphModule, list]:
-    root = torch.nn.Module()
-    root.add_module("module", module)
-    graph = torch.fx.Graph()
-    tensors: list = []
-
-    def lift(value: Any) -> Any:
-        if isinstance(value, (torch.Tensor, TensorSpec)):
-            tensors.append(value)
-            return graph.placeholder(f"t{len(tensors) - 1}")
-        return value
-
-    node = graph.call_module("module", tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()})
-    graph.output(node)
-    return torch.fx.GraphModule(root, graph), tensors

@@ -41,15 +41,14 @@ from . import context, registry, symbolic
 from .devices import TRANSFERS, Placement, place
 from .devices.transfers import tensors_in
 from .known_values import has_no_values
-from .kinds import Kind, Rule
+from .kinds import Kind, Rule, is_python_operator
 from .registry import target_name
 from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                           decomposition_table, has_kernel_for_dispatch_key, overload_for_call, pytree,
+                           decomposition_table, has_kernel, is_composite_implicit, overload_for_call, pytree,
                            registered_fake, schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
-_PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
 _ANY_KERNEL = ("Meta", "CPU", "CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd",
                "CompositeExplicitAutogradNonFunctional", "Autograd")
 
@@ -166,21 +165,14 @@ def _composite(target: Any, device_rule: str | None) -> Rule:
         name = type(target).__name__
     else:
         name = target_name(target)
-    if getattr(target, "__module__", None) in _PLAIN_MODULES:
+    if is_python_operator(target):
         return Rule(Kind.PLAIN, name, kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
     return Rule(Kind.META, name, kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
 
 
-def _has(name: str, key: str) -> bool:
-    try:
-        return has_kernel_for_dispatch_key(name, key)
-    except RuntimeError:  # a TorchScript builtin (aten::to.prim_Device) is not in the dispatcher
-        return False
-
-
 def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
     name = op.name()
-    has = _has
+    has = has_kernel
     label = target_name(op)
     if not any(has(name, key) for key in _ANY_KERNEL):  # a TorchScript builtin: it calls other ops
         return _composite(op, device_rule)
@@ -189,7 +181,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
     if has(name, "Meta"):
         label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
         return Rule(Kind.META, label, kinds=_meta_or_on_the_host_when_empty(op), device_rule=device_rule)
-    if has(name, "CompositeImplicitAutograd"):
+    if is_composite_implicit(op):
         return Rule(Kind.META, f"{label} (composite)", kinds=_COMPOSITE_KINDS, device_rule=device_rule, composite=True)
     if torch.Tag.dynamic_output_shape in op.tags:
         # Its output's shape depends on the data: only real values may answer (`_for_values`).
@@ -206,7 +198,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
 
 
 def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None, why: str) -> Rule:
-    if _has(op.name(), "CPU") or _has(op.name(), "CompositeExplicitAutograd"):
+    if has_kernel(op.name(), "CPU") or has_kernel(op.name(), "CompositeExplicitAutograd"):
         return Rule(Kind.FALLBACK, label, kinds=frozenset({Kind.FALLBACK, Kind.UNSUPPORTED}), device_rule=device_rule)
     return Rule(Kind.UNSUPPORTED, f"{label}: {why}, and no CPU kernel to fall back to", device_rule=device_rule)
 
@@ -220,7 +212,7 @@ def _meta_or_on_the_host_when_empty(op: OpOverload) -> frozenset:
     schema = schema_of(op)
     if (op.namespace == "aten" and schema.returns and not schema.is_mutable
             and not any(ret.alias_info for ret in schema.returns)
-            and torch.Tag.nondeterministic_seeded not in op.tags and _has(op.name(), "CPU")):
+            and torch.Tag.nondeterministic_seeded not in op.tags and has_kernel(op.name(), "CPU")):
         return frozenset({Kind.META, Kind.FALLBACK})
     return frozenset({Kind.META})
 
@@ -269,8 +261,8 @@ def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict, device: torc
 def reaches_dispatch(op: Any) -> bool:
     """Whether fxprop's dispatch mode sees ``op`` itself: every op but a CompositeImplicitAutograd one,
     which decomposes above the dispatch (its parts arrive instead), and a TorchScript builtin."""
-    return (isinstance(op, OpOverload) and not _has(op.name(), "CompositeImplicitAutograd")
-            and any(_has(op.name(), key) for key in _ANY_KERNEL))
+    return (isinstance(op, OpOverload) and not is_composite_implicit(op)
+            and any(has_kernel(op.name(), key) for key in _ANY_KERNEL))
 
 
 def _has_tensor(args: tuple, kwargs: dict) -> bool:

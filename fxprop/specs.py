@@ -77,7 +77,7 @@ class TensorSpec:
             meta = symbolic.spec_to_meta(self.shape, self.stride, self.dtype)
             meta.requires_grad_(self.requires_grad)
             return tag(meta, self.device)
-        stride = self.stride if self.stride is not None else _contiguous_strides(self.shape)
+        stride = self.stride if self.stride is not None else symbolic.contiguous_strides(self.shape)
         meta = torch.empty_strided(self.shape, stride, dtype=self.dtype, device="meta")
         meta.requires_grad_(self.requires_grad)
         return tag(meta, self.device)
@@ -99,12 +99,35 @@ def _check_dim(dim: Any, shape: tuple) -> None:
         raise InputError(f"TensorSpec dim {dim} does not fit in an int64, in shape {shape}")
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
+def traced_example(placeholder: torch.fx.Node, value: Any) -> Any:
+    """The input a placeholder stands for. A graph from torch.compile with ``dynamic=True`` is
+    handed real tensors whose placeholders were traced with symbolic sizes (``example_value``,
+    FakeTensors of dynamo's ShapeEnv): the traced sizes are the ones the graph is valid for,
+    so they are propagated, as long as the real tensor is one of their instances.
+
+    A TensorSpec with symbolic dims for a placeholder torch.export traced (``meta["val"]``, a
+    FakeTensor of export's ShapeEnv, not one of fxprop's own) is computed in that ShapeEnv, its
+    names bound to the traced symbols (`SymbolicSession.bind_traced`)."""
+    if isinstance(value, TensorSpec) and any(type(dim) is not int for dim in value.shape):
+        exported = placeholder.meta.get("val")
+        if isinstance(exported, FakeTensor) and symbolic.is_callers_env(exported.fake_mode.shape_env):
+            symbolic.current().bind_traced(tuple(value.shape), exported)
+        return value
+    traced = placeholder.meta.get("example_value")
+    if not (isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and isinstance(traced, FakeTensor)):
+        return value
+    sizes = (*traced.shape, *traced.stride())
+    if not any(isinstance(size, torch.SymInt) for size in sizes) or traced.dtype != value.dtype:
+        return value
+    hints = tuple(size.node.hint if isinstance(size, torch.SymInt) else size for size in sizes)
+    if hints != (*value.shape, *value.stride()):
+        return value
+    return traced
+
+
+def _is_symbolic_spec(value: Any) -> bool:
+    from .specs import TensorSpec
+    return isinstance(value, TensorSpec) and any(type(dim) is not int for dim in value.shape)
 
 
 def meta_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -10,6 +10,7 @@ never on import.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, NamedTuple
 
@@ -35,6 +36,28 @@ check = torch._check
 check_index = torch._check_index
 internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: some elements share memory, 2: too hard to tell
 has_kernel_for_dispatch_key = torch._C._dispatch_has_kernel_for_dispatch_key
+
+
+def has_kernel(op_name: str, dispatch_key: str) -> bool:
+    """Whether the dispatcher holds a kernel for ``op_name`` under ``dispatch_key``; False for a
+    TorchScript builtin (``aten::to.prim_Device``), which the dispatcher does not know."""
+    try:
+        return has_kernel_for_dispatch_key(op_name, dispatch_key)
+    except RuntimeError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """The dtype as ATen's messages name it (``Float``, ``Long``, ``ComplexFloat``), read from
+    the tensor type name ATen gives a tensor of that dtype."""
+    return torch.empty((), dtype=dtype, device="meta").type().removeprefix("torch.meta.").removesuffix("Tensor")
+
+
+def is_composite_implicit(op: OpOverload) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel: it decomposes into other ops above
+    any dispatch mode, so a mode sees its parts, never the op itself."""
+    return has_kernel(op.name(), "CompositeImplicitAutograd")
 set_grad_enabled_op = torch._C._set_grad_enabled
 DelayedError = torch._C._functions.DelayedError
 make_subclass = torch.Tensor._make_subclass
@@ -51,7 +74,8 @@ canonicalize_dim = _prims_common.canonicalize_dim
 make_contiguous_strides_for = _prims_common.make_contiguous_strides_for
 make_channels_last_2d_strides_for = _prims_common.make_channels_last_2d_strides_for
 make_channels_last_3d_strides_for = _prims_common.make_channels_last_3d_strides_for
-is_non_overlapping_and_dense = _prims_common.is_non_overlapping_and_dense_or_false
+is_non_overlapping_and_dense = _prims_common.is_non_overlapping_and_dense_or_false  # whether the elements fill a
+# block of memory exactly once, in some order of dims; False where symbolic sizes leave it open
 meta_index_tensor = _meta_registrations.meta_index_Tensor
 
 DATA_DEPENDENT_ERRORS = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
@@ -73,12 +97,6 @@ def packet_of(op: OpOverload) -> OpOverloadPacket:
 def version_counter(tensor: torch.Tensor) -> int:
     """How many times the tensor was written in place (autograd's version counter)."""
     return tensor._version
-
-
-def is_non_overlapping_and_dense(tensor: torch.Tensor) -> bool:
-    """Whether the elements fill a block of memory exactly once, in some order of dims."""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false as dense
-    return dense(tensor)
 
 
 def has_symbolic_layout(tensor: torch.Tensor) -> bool:

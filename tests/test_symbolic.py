@@ -364,7 +364,7 @@ def test_a_contradiction_names_the_node():
 
 
 def test_expressions_over_the_cap_raise_and_say_so(monkeypatch):
-    monkeypatch.setattr(symbolic, "MAX_EXPR_OPS", 1)
+    monkeypatch.setattr(symbolic.session, "MAX_EXPR_OPS", 1)
     gm = torch.fx.symbolic_trace(torch.nn.Conv2d(3, 8, 3, stride=2))
     with pytest.raises(fxprop.UnsupportedError, match="MAX_EXPR_OPS"):
         fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))

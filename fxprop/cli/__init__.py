@@ -1,5 +1,2 @@
 """The ``fxprop`` command line: parsing (`main`), loading models and inputs (`loading`),
 text formats (`formats`), pictures (`drawing`) and stage progress (`progress`)."""
-from .main import main
-
-__all__ = ["main"]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..engine import propagate
 from ..errors import InputError
 from ..torch_compat import OpOverload, pytree_codegen
 from .flops import EXTRA_FORMULAS, FORMULAS, FlopCounter
@@ -56,7 +57,6 @@ def estimate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device 
         if not inputs and any(node.op == "placeholder" and not node.args for node in gm.graph.nodes):
             raise InputError("estimate: the graph has not been propagated; give its inputs, "
                              "e.g. fxprop.estimate(gm, fxprop.TensorSpec((8, 16)))")
-        from .. import propagate  # the public entry point, as a caller would
         propagate(gm, *inputs, param_device=param_device, **propagate_options)
     device = str(torch.device(param_device)) if param_device is not None else None
     with _quiet_state():

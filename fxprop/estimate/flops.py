@@ -5,7 +5,8 @@ call of a recurrent module (`recurrent_flops`). Any other node that may reach su
 torch-level call, a module, a composite aten op) is re-dispatched on meta tensors
 built from its inputs' annotations, under `CountingMode`, which applies the formulas to every
 aten op the call reaches, as `FlopCounterMode` does when the graph really runs. Module calls
-run on a copy whose parameters and buffers are meta tensors (`MetaShadows`).
+run on a copy whose parameters and buffers are meta tensors (`fxprop.modules.StateView`, as the
+engine shadows modules).
 
 The formulas are torch's `flop_registry` plus the CPU kernels it misses (`EXTRA_FORMULAS`):
 on a CPU, attention and LSTMs run fused kernels that `FlopCounterMode` would count as zero;
@@ -23,7 +24,9 @@ from torch import nn
 from torch.utils import flop_counter
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
-                            functorch_unwrapped, has_kernel_for_dispatch_key, own_state, packet_of, pytree)
+                            functorch_unwrapped, is_composite_implicit, packet_of, pytree)
+from ..cache import Uncacheable, symbolic_signature
+from ..modules import StateView
 
 aten = torch.ops.aten
 
@@ -118,120 +121,6 @@ class CountingMode(TorchDispatchMode):
         return out
 
 
-class Uncacheable(Exception):
-    pass
-
-
-class MetaShadows:
-    """Copies of modules whose parameters and buffers are meta tensors; the user's modules are
-    only read. One copy per module and one meta tensor per real tensor, for one estimate."""
-
-    def __init__(self) -> None:
-        self._copies: dict[int, nn.Module] = {}
-        self._tensors: dict[int, torch.Tensor] = {}
-        self._keys: dict[int, Hashable | None] = {}
-        self._keepalive: list[Any] = []
-
-    def tensor(self, real: torch.Tensor) -> torch.Tensor:
-        found = self._tensors.get(id(real))
-        if found is None:
-            meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="meta")
-            if isinstance(real, nn.Parameter):
-                meta = nn.Parameter(meta, requires_grad=real.requires_grad)
-            self._tensors[id(real)] = found = meta
-            self._keepalive.append(real)
-        return found
-
-    def module(self, real: nn.Module) -> nn.Module:
-        found = self._copies.get(id(real))
-        if found is not None:
-            return found
-        clone = real.__class__.__new__(real.__class__)
-        self._copies[id(real)] = clone
-        self._keepalive.append(real)
-        state = dict(real.__dict__)
-        parameters, buffers, submodules = own_state(real)
-        state["_parameters"] = {k: None if p is None else self.tensor(p) for k, p in parameters.items()}
-        state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in buffers.items()}
-        state["_modules"] = {k: None if m is None else self.module(m) for k, m in submodules.items()}
-        for key, item in real.__dict__.items():
-            if key in ("_parameters", "_buffers", "_modules"):
-                continue
-            if isinstance(item, torch.Tensor):
-                state[key] = self.tensor(item)
-            elif isinstance(item, (list, tuple)) and item and all(isinstance(t, torch.Tensor) for t in item):
-                state[key] = type(item)(self.tensor(t) for t in item)  # e.g. nn.LSTM's _flat_weights
-        clone.__dict__ = state
-        return clone
-
-    def key(self, real: nn.Module) -> Hashable:
-        """What a module's call depends on besides its inputs; Uncacheable for anything unusual."""
-        if id(real) not in self._keys:
-            try:
-                self._keys[id(real)] = _module_key(real, self)
-            except (Uncacheable, TypeError):
-                self._keys[id(real)] = None
-        found = self._keys[id(real)]
-        if found is None:
-            raise Uncacheable
-        return found
-
-
-def _module_key(module: nn.Module, shadows: MetaShadows) -> Hashable:
-    if "forward" in module.__dict__:
-        raise Uncacheable
-    parts: list[Hashable] = [type(module)]
-    for name, item in module.__dict__.items():
-        if "hook" in name:
-            if item:
-                raise Uncacheable
-        elif name in ("_parameters", "_buffers"):
-            parts.append(tuple((k, None if t is None else _tensor_key(t)) for k, t in item.items()))
-        elif name == "_modules":
-            parts.append(tuple((k, None if m is None else shadows.key(m)) for k, m in item.items()))
-        elif not _is_weak(item):
-            parts.append((name, signature(item)))
-    return tuple(parts)
-
-
-def _is_weak(item: Any) -> bool:
-    import weakref
-    return isinstance(item, weakref.ref) or (isinstance(item, list) and bool(item)
-                                             and all(isinstance(r, weakref.ref) for r in item))
-
-
-def _size_key(size: Any) -> Hashable:
-    return str(size.node.expr) if isinstance(size, torch.SymInt) else size
-
-
-def _tensor_key(tensor: torch.Tensor) -> Hashable:
-    return ("tensor", tuple(map(_size_key, tensor.shape)), tuple(map(_size_key, tensor.stride())), tensor.dtype,
-            tensor.requires_grad)
-
-
-_PLAIN = (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
-          type(Ellipsis))
-
-
-def signature(value: Any) -> Hashable:
-    """A hashable stand-in for an argument: tensors by their metadata, python values by value."""
-    if isinstance(value, torch.Tensor):
-        return _tensor_key(value)
-    if isinstance(value, _PLAIN):
-        return (type(value), value)
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return ("sym", str(value.node.expr))
-    if isinstance(value, (tuple, list)):
-        return (type(value), tuple(signature(item) for item in value))
-    if isinstance(value, dict):
-        return ("dict", tuple((key, signature(item)) for key, item in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("set", frozenset(signature(item) for item in value))
-    if isinstance(value, slice):
-        return ("slice", signature(value.start), signature(value.stop), signature(value.step))
-    raise Uncacheable
-
-
 _FREE_FUNCTIONS = frozenset({operator.getitem, getattr, len, isinstance, torch.Tensor.size, torch.Tensor.dim})
 _FREE_METHODS = frozenset({"size", "dim", "numel", "stride", "view", "reshape", "transpose", "permute", "contiguous",
                            "unsqueeze", "squeeze", "flatten", "expand", "expand_as", "t", "split", "chunk",
@@ -247,7 +136,7 @@ def _has_formula(op: OpOverload) -> bool:
 def _may_reach_formulas(op: OpOverload) -> bool:
     """Whether dispatching ``op`` can reach other ops: only a composite (implicit) kernel decomposes
     before or inside a dispatch mode; any other kernel is counted as the op itself."""
-    return has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    return is_composite_implicit(op)
 
 
 _RUN_ONCE = frozenset({"wrap_with_set_grad_enabled", "wrap_with_autocast", "wrap", "tag_activation_checkpoint",
@@ -286,7 +175,7 @@ class FlopCounter:
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         self.gm = gm
-        self.shadows = MetaShadows()
+        self.shadows = StateView(param_device=None)
         self.memo: dict[Hashable, Any] = {}
         self.failures: dict[str, str] = {}
 
@@ -302,8 +191,8 @@ class FlopCounter:
         if direct is not None:
             return direct
         try:
-            key = (node.op, self.shadows.key(self.gm.get_submodule(node.target)) if node.op == "call_module"
-                   else node.target, signature(args), signature(kwargs))
+            key = (node.op, self.shadows.signature(self.gm.get_submodule(node.target)) if node.op == "call_module"
+                   else node.target, symbolic_signature(args), symbolic_signature(kwargs))
             hash(key)
         except (Uncacheable, TypeError):
             key = None
@@ -394,7 +283,7 @@ class FlopCounter:
     def redispatch(self, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
         args, kwargs = _to_meta((args, kwargs))
         if node.op == "call_module":
-            call = self.shadows.module(self.gm.get_submodule(node.target))
+            call = self.shadows.shadow(self.gm.get_submodule(node.target))
         elif node.op == "call_method":
             call, args = getattr(args[0], node.target), args[1:]
         else:

@@ -26,6 +26,13 @@ class Kind(str, enum.Enum):
 
 
 ORDER = {kind: rank for rank, kind in enumerate(Kind)}
+_PYTHON_OPERATOR_MODULES = ("_operator", "operator", "builtins", "math")
+
+
+def is_python_operator(target: Any) -> bool:
+    """Whether ``target`` is python's own arithmetic or builtin (``operator.add``, ``math.floor``,
+    ``getattr``): it reaches no tensor op unless a tensor is among its arguments."""
+    return getattr(target, "__module__", None) in _PYTHON_OPERATOR_MODULES
 
 
 def costlier(first: Kind | None, second: Kind) -> Kind:

@@ -20,7 +20,7 @@
 | recurrent modules | `recurrent.py` |
 | fused optimizer steps | `optimizers.py` |
 | calls that change process-wide state (seeding the RNG) | `global_state.py` |
-| higher-order ops (cond, while_loop, map, scan, autocast and grad-mode regions, ...) | `higher_order.py` |
+| higher-order ops (cond, while_loop, map, scan, autocast and grad-mode regions, ...) | `higher_order/` |
 
 Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
 """

@@ -15,7 +15,7 @@ import torch
 from .. import context, symbolic
 from ..errors import DataDependentError
 from ..registry import rule
-from ..torch_compat import check
+from ..torch_compat import check, scalar_type_name
 
 aten = torch.ops.aten
 
@@ -199,7 +199,7 @@ def linalg_lstsq(self: torch.Tensor, b: torch.Tensor, rcond=None, *, driver=None
     batch = torch.broadcast_shapes(self.shape[:-2], b.shape[:-1] if vector else b.shape[:-2])
     rhs = 1 if vector else b.shape[-1]
     taller = max(rows, columns)
-    buffer = torch.empty_strided((*batch, taller, rhs), (*_contiguous(batch, taller * rhs), 1, taller),
+    buffer = torch.empty_strided((*batch, taller, rhs), (*symbolic.contiguous_strides(batch, inner=taller * rhs), 1, taller),
                                  dtype=self.dtype, device="meta")
     solution = buffer.narrow(-2, 0, columns)
     if vector:
@@ -217,14 +217,6 @@ def linalg_lstsq(self: torch.Tensor, b: torch.Tensor, rcond=None, *, driver=None
         raise DataDependentError(f"torch.linalg.lstsq: with driver {driver!r} the residuals exist only when the "
                                  "matrix has full rank, which depends on its values")
     return solution, residuals, rank, singular_values
-
-
-def _contiguous(batch: tuple, inner: int) -> tuple:
-    strides, running = [], inner
-    for size in reversed(batch):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 # --- questions about values: answered from real values, else an unknown SymBool ---------
@@ -252,7 +244,7 @@ def equal(self: torch.Tensor, other: torch.Tensor) -> Any:
 def allclose(self: torch.Tensor, other: torch.Tensor, rtol: float = 1e-05, atol: float = 1e-08,
              equal_nan: bool = False) -> Any:
     """isclose(...).all(): torch checks dtypes and broadcasting first, then reads the values."""
-    check(self.dtype == other.dtype, lambda: f"{_dtype_name(self.dtype)} did not match {_dtype_name(other.dtype)}")
+    check(self.dtype == other.dtype, lambda: f"{scalar_type_name(self.dtype)} did not match {scalar_type_name(other.dtype)}")
     aten.isclose.default(self, other, rtol, atol, equal_nan)
     return _answer_from_values(lambda a, b: torch.allclose(a, b, rtol, atol, equal_nan), self, other)
 
@@ -263,9 +255,3 @@ def is_nonzero(self: torch.Tensor) -> Any:
     check(self.numel() != 0, lambda: "Boolean value of Tensor with no values is ambiguous")
     check(self.numel() == 1, lambda: "Boolean value of Tensor with more than one value is ambiguous")
     return _answer_from_values(lambda t: bool(t), self)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))

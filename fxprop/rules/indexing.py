@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import context
-from ..in_place import scalar_type_name
+from ..torch_compat import scalar_type_name
 from ..index_values import index_select_range_check
 from ..registry import rule
 from ..torch_compat import check, check_index, meta_index_tensor

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..in_place import scalar_type_name
+from ..torch_compat import scalar_type_name
 from ..registry import rule
 from ..torch_compat import check
 

@@ -1,0 +1,160 @@
+"""Comparing sizes without a guard: three-valued truth, equality, broadcasting, layouts.
+
+Sizes are ints, SymInts or sympy expressions; nothing here installs a guard in a ShapeEnv.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import sympy
+import torch
+
+from .. import torch_compat
+from ..errors import InternalError, PropagationError
+
+
+def resolve(condition: Any, default: bool | None = None) -> bool | None:
+    """Three-valued truth of a size condition: True, False, or ``default`` when undecided.
+
+    ``condition`` is a python bool, a `torch.SymBool` or a sympy relation. Never guards:
+    an undecided condition records nothing.
+
+    >>> B = sympy.Symbol("B", integer=True, positive=True)
+    >>> resolve(sympy.Gt(B, 0)), resolve(sympy.Eq(B, 1)), resolve(sympy.Eq(B, 1), default=False)
+    (True, None, False)
+    """
+    if isinstance(condition, bool):
+        return condition
+    if isinstance(condition, torch.SymBool):
+        node = condition.node
+        if node.expr.is_Boolean and node.expr in (sympy.true, sympy.false):
+            return bool(node.expr)
+        found = torch_compat.evaluate_statically(node.shape_env, node.expr)
+        return bool(found) if found is not None else default
+    if isinstance(condition, sympy.Basic):
+        simplified = sympy.simplify(condition)
+        if simplified in (sympy.true, sympy.false):
+            return bool(simplified)
+        return default
+    return bool(condition)
+
+
+def definitely_equal(a: Any, b: Any) -> bool:
+    """Whether two sizes (ints, SymInts or sympy expressions) are equal for every value of their symbols."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return resolve(a == b, default=False) is True
+    return resolve(_relation(sympy.Eq, a, b), default=False) is True
+
+
+def broadcast_shapes(*shapes: Iterable[Any]) -> tuple:
+    """The broadcast of shapes of ints, SymInts or sympy expressions, and the assumptions it needs.
+
+    Returns ``(shape, assumptions)``. Where two sizes ``a`` and ``b`` are not known to be equal
+    and neither is known to be 1, the broadcast is valid only if ``a == 1 | b == 1 | a == b``
+    (an assumption), and its size is ``Max(a, b)``, or the literal when one of them is one.
+
+    >>> B, C = sympy.symbols("B C", integer=True, positive=True)
+    >>> broadcast_shapes((B, 16), (1, 16))
+    ((B, 16), [])
+    >>> broadcast_shapes((B,), (C,))
+    ((Max(B, C),), [Eq(B, 1) | Eq(B, C) | Eq(C, 1)])
+    >>> broadcast_shapes((B,), (3,))
+    ((3,), [Eq(B, 1) | Eq(B, 3)])
+    """
+    shapes = [tuple(shape) for shape in shapes]
+    rank = max((len(shape) for shape in shapes), default=0)
+    out: list[Any] = []
+    assumptions: list[Any] = []
+    for position in range(rank):
+        sizes = [shape[position - rank + len(shape)] for shape in shapes if position - rank + len(shape) >= 0]
+        current: Any = 1
+        for size in sizes:
+            if definitely_equal(size, 1) or definitely_equal(size, current):
+                continue
+            if definitely_equal(current, 1):
+                current = size
+                continue
+            if isinstance(current, int) and isinstance(size, int):
+                raise PropagationError(f"broadcast_shapes: sizes {current} and {size} do not broadcast, "
+                                       f"got shapes {shapes}")
+            first, second = _as_sympy(current), _as_sympy(size)
+            assumptions.append(sympy.Or(sympy.Eq(first, 1), sympy.Eq(second, 1), sympy.Eq(first, second)))
+            if isinstance(size, int):
+                current = size
+            elif not isinstance(current, int):
+                current = (torch.sym_max(current, size) if isinstance(current, torch.SymInt)
+                           or isinstance(size, torch.SymInt) else sympy.Max(current, size))
+        out.append(current)
+    return tuple(out), assumptions
+
+
+_DIM_ORDER = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 3, 2, 0)}  # fastest first
+
+
+def known_laid_out_in(shape: tuple, stride: tuple, memory_format: torch.memory_format) -> bool:
+    """Whether sizes and strides are laid out in ``memory_format``, as far as the ShapeEnv knows
+    without deciding anything: `statically_known_true` never adds a guard, where torch's own
+    checks guard on a backed size's hint."""
+    if memory_format is torch.contiguous_format:
+        if torch_compat.statically_known_true(math.prod(shape) == 0):
+            return True
+        order = range(len(shape) - 1, -1, -1)
+    else:
+        order = _DIM_ORDER[memory_format]
+        if len(order) != len(shape):
+            return False
+    expected = 1
+    for dim in order:
+        size = shape[dim]
+        if _known_equal(size, 1):
+            continue
+        if not _known_equal(stride[dim], expected):
+            return False
+        expected = expected * size
+    return True
+
+
+def _known_equal(a: Any, b: Any) -> bool:
+    """``a == b`` as the ShapeEnv knows it, without a guard; equal expressions are equal on sight."""
+    if type(a) is int and type(b) is int:
+        return a == b
+    if _as_sympy(a) == _as_sympy(b):
+        return True
+    return torch_compat.statically_known_true(a == b)
+
+
+def contiguous_strides(sizes: Iterable[Any], inner: Any = 1) -> tuple:
+    """Row-major strides of ``sizes`` (ints or SymInts, without a guard), over blocks of ``inner`` elements."""
+    strides, running = [], inner
+    for size in reversed(list(sizes)):
+        strides.append(running)
+        running = running * (torch.sym_max(size, 1) if isinstance(size, torch.SymInt) else max(size, 1))
+    return tuple(reversed(strides))
+
+
+def _relation(kind, a: Any, b: Any):
+    return kind(_as_sympy(a), _as_sympy(b))
+
+
+def _as_sympy(value: Any) -> Any:
+    if isinstance(value, torch.SymInt):
+        return value.node.expr
+    if isinstance(value, (bool, int)):
+        return sympy.Integer(value)
+    if isinstance(value, sympy.Basic):
+        return value
+    raise InternalError(f"not a size: {value!r}")
+
+
+def has_symbolic(values: Iterable[Any]) -> bool:
+    for value in values:
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape):
+            return True
+        if isinstance(value, (list, tuple)) and has_symbolic(value):
+            return True
+    return False
