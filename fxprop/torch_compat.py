@@ -405,6 +405,12 @@ def register_collective_meta_kernels() -> None:
         import torch.distributed._functional_collectives  # noqa: F401
 
 
+def register_dtensor_fake_kernels() -> None:
+    """Import ``torch.distributed.tensor._collective_utils``: it registers the fake kernel of
+    ``_dtensor::shard_dim_alltoall`` (whose fake resolves the group by name to learn its size)."""
+    import torch.distributed.tensor._collective_utils  # noqa: F401
+
+
 def register_fake_process_group_backend() -> None:
     """Register torch's ``"fake"`` process group backend (a FakeProcessGroup: every collective
     completes at once on this process, as a mesh of N ranks would, without moving data). Its

@@ -119,6 +119,7 @@ COLLECTIVES = [  # (id, op, a function of the group's name giving the arguments)
     ("reduce_scatter_coalesced", c10d.reduce_scatter_tensor_coalesced.default, lambda x, g: ([x, x * 2], "avg", 4, g)),
     ("all_to_all", c10d.all_to_all_single.default, lambda x, g: (x, [2, 2, 2, 2], [2, 2, 2, 2], g)),
     ("all_to_all_uneven", c10d.all_to_all_single.default, lambda x, g: (x, [1, 3, 2, 2], [2, 2, 2, 2], g)),
+    ("shard_dim_alltoall", torch.ops._dtensor.shard_dim_alltoall.default, lambda x, g: (x.t(), 0, 1, g)),
     ("wait", c10d.wait_tensor.default, lambda x, g: (x.t(),)),
     ("wait_strided", c10d.wait_tensor.default, lambda x, g: (_strided(8, 6),)),
 ]
@@ -169,6 +170,24 @@ def test_an_out_of_another_shape_but_as_many_elements_depends_on_the_backend():
                                       (fxprop.TensorSpec((8, 6)), 4, "0"), {"out": fxprop.TensorSpec((4, 8, 6))})
     with pytest.raises(fxprop.UnsupportedError, match="depends on its backend"):
         fxprop.propagate(gm, fxprop.TensorSpec((8, 6)), fxprop.TensorSpec((4, 8, 6)))
+
+
+def _ops_of(namespace):
+    packet = getattr(torch.ops, namespace)
+    for schema in torch._C._jit_get_all_schemas():
+        if schema.name.startswith(namespace + "::"):
+            yield getattr(getattr(packet, schema.name.split("::")[1]), schema.overload_name or "default")
+
+
+def test_no_collective_ever_runs_for_real_while_propagating():
+    """A rank propagating alone must not call its process group: collectives without a meta kernel
+    (c10d's coalesced in-place ops) are refused, never run on the host."""
+    kinds = {str(op): fxprop.lookup(op).kinds for namespace in ("c10d", "c10d_functional", "_c10d_functional",
+                                                                "_c10d_functional_autograd", "_dtensor")
+             for op in _ops_of(namespace)}
+    assert len(kinds) > 40
+    assert not [op for op, found in kinds.items() if fxprop.Kind.FALLBACK in found and not op.startswith("c10d_functional.")]
+    assert all(fxprop.lookup(op).composite for op in _ops_of("c10d_functional"))  # parts: the ops above
 
 
 def test_collectives_of_cuda_tensors_stay_on_their_device():

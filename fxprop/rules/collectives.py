@@ -14,7 +14,7 @@ import torch
 
 from ..errors import PropagationError, UnsupportedError
 from ..registry import rule
-from ..torch_compat import check, distributed_available, register_collective_meta_kernels
+from ..torch_compat import check, distributed_available, register_collective_meta_kernels, register_dtensor_fake_kernels
 
 REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "unused"})
 """The reduce ops the functional collectives accept by name, lower case only (``Functional.cpp``)."""
@@ -116,3 +116,10 @@ if distributed_available():
                       f"{sum(input_split_sizes)}, not to the input's first dim {input.size(0)}: "
                       "Split sizes doesn't match total dim 0 size")
         return c10d.all_to_all_single.default(input, output_split_sizes, input_split_sizes, group_name)
+
+    @rule(torch.ops._dtensor.shard_dim_alltoall.default)
+    def shard_dim_alltoall(input, gather_dim, shard_dim, group_name):
+        """DTensor's all-to-all (a redistribution from one sharded dim to another): torch registers its
+        fake with DTensor; until DTensor is imported, its only kernel runs the real collective."""
+        register_dtensor_fake_kernels()
+        return torch.ops._dtensor.shard_dim_alltoall.default(input, gather_dim, shard_dim, group_name)
