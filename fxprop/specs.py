@@ -152,9 +152,8 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         symbolic.current().adopt_env(value.node.shape_env)
         return value
     if isinstance(value, torch.Tensor):
-        if _is_dtensor(value):
-            raise InputError(f"{where}: DTensor values are not propagated yet; propagate the graphs AOT autograd "
-                             "hands its compilers instead, where each DTensor is its local tensor and its mesh")
+        if is_dtensor(value):
+            raise InputError(f"{where}: a DTensor (placements {value.placements}): {DTENSORS_NOT_PROPAGATED}")
         if value.is_nested:
             raise InputError(f"{where}: nested tensors are not supported (their sizes vary per component)")
         if value.layout is not torch.strided:
@@ -188,7 +187,11 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         + (" (convert an array with torch.from_numpy)" if type(value).__module__ == "numpy" else ""))
 
 
-def _is_dtensor(value: torch.Tensor) -> bool:
+DTENSORS_NOT_PROPAGATED = ("DTensor values are not propagated yet; propagate the graphs AOT autograd hands its "
+                           "compilers, where each DTensor is its local tensor and its mesh")
+
+
+def is_dtensor(value: Any) -> bool:
     module = sys.modules.get("torch.distributed.tensor")  # a DTensor exists only once its module is imported
     return module is not None and isinstance(value, module.DTensor)
 

@@ -95,6 +95,30 @@ def test_a_dtensor_input_is_refused_until_dtensors_are_propagated():
             fxprop.propagate(gm, *inputs)
 
 
+def test_a_dtensor_made_in_the_graph_is_refused_not_guessed():
+    """Its later ops would run on its global shape as a plain tensor: the node that makes it is refused."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+    with simulated((4,)) as mesh:
+        def f(x):
+            return (DTensor.from_local(x, mesh, [Shard(0)], run_check=False) * 2).redistribute(mesh, [Replicate()])
+        torch._dynamo.reset()
+        torch.compile(f, backend=backend)(torch.randn(2, 3))
+        gm, inputs = graphs[0]
+        with pytest.raises(fxprop.UnsupportedError, match=r"the result is a DTensor \(placements \(Shard\(dim=0\),\)\)"):
+            fxprop.propagate(gm, *inputs)
+
+
+def test_a_dtensor_parameter_is_refused_not_guessed():
+    with simulated((4,)) as mesh:
+        gm = torch.fx.symbolic_trace(cases.tensor_parallel(mesh))
+        with pytest.raises(fxprop.UnsupportedError, match="a DTensor parameter.*Shard"):
+            fxprop.propagate(gm, torch.randn(2, 16))
+
+
 # --- each collective against the real op ---------------------------------------------------
 
 def _strided(rows, columns):
