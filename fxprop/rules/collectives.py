@@ -34,7 +34,7 @@ def _check_scatter_divides(op_name: str, input: torch.Tensor, group_size: int) -
 def _into_out(op_name: str, out: torch.Tensor, expected: list) -> torch.Tensor:
     """An ``_out`` collective writes into ``out`` and returns it, its strides kept. Every process group
     refuses an ``out`` with another number of elements; one with as many in another shape is
-    refused by some (gloo) and taken by others (NCCL compares element counts)."""
+    refused by gloo, and not every backend is known to refuse it, so fxprop does not decide."""
     if list(out.shape) == list(expected):
         return out
     numel = 1
