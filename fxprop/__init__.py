@@ -15,6 +15,7 @@ from .errors import (DataDependentError, DeviceMismatchError, FallbackLimitError
                      InternalError, NodeError, PropagationError, RuleRegistrationError, UnsupportedError)
 from .kinds import Kind, Rule
 from .lookup import lookup
+from .meshes import mesh_simulation, release_simulated_mesh, simulated_mesh
 from .pipelines import backend
 from .registry import registered_rules, rule, unregister
 from .specs import TensorSpec
@@ -22,5 +23,6 @@ from .symbolic import shape_of
 
 __all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "backend", "DataDependentError", "DeviceMismatchError", "Estimate", "FallbackLimitError",
            "FxpropError", "InputError", "InternalError", "Kind", "NodeError", "PropagationError", "Provenance", "Rule",
-           "RuleCache", "RuleRegistrationError", "TensorSpec", "UnsupportedError", "estimate", "lookup", "propagate",
-           "registered_rules", "repropagate", "rule", "rule_cache", "shape_of", "unregister"]
+           "RuleCache", "RuleRegistrationError", "TensorSpec", "UnsupportedError", "estimate", "lookup", "mesh_simulation",
+           "propagate", "registered_rules", "release_simulated_mesh", "repropagate", "rule", "rule_cache", "shape_of",
+           "simulated_mesh", "unregister"]

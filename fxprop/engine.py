@@ -44,7 +44,7 @@ from .modules import StateView
 from .registry import generation as registry_generation, target_name
 from .resolution import reaches_dispatch, resolve_call
 from .source import source_line
-from .specs import meta_like, to_internal, traced_example, values_worth_knowing
+from .specs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like, to_internal, traced_example, values_worth_knowing
 from .torch_compat import FakeTensorMode
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -629,6 +629,9 @@ class GraphWalk:
         def to_fake(tensor: torch.Tensor):
             nonlocal found_tensor
             found_tensor = True
+            if is_dtensor(tensor):  # made in the graph (DTensor.from_local): its later ops would be guessed
+                raise UnsupportedError(f"the result is a DTensor (placements {tensor.placements}): "
+                                       f"{DTENSORS_NOT_PROPAGATED}")
             return make_fake(tensor, device_of(tensor))
 
         fake = map_structure(to_fake, value)

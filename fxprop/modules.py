@@ -24,7 +24,8 @@ from torch import nn
 
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
-from .specs import meta_like
+from .errors import UnsupportedError
+from .specs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like
 from .torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -49,6 +50,9 @@ class StateView:
         """The meta stand-in for one parameter, buffer or constant (the same one on every use)."""
         found = self._tensors.get(id(real))
         if found is None:
+            if is_dtensor(real):
+                raise UnsupportedError(f"a DTensor parameter, buffer or constant (placements {real.placements}): "
+                                       f"{DTENSORS_NOT_PROPAGATED}")
             meta = meta_like(real.detach(), self.device_of_state(real))
             if isinstance(real, nn.Parameter):
                 meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))

@@ -178,6 +178,9 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
         return _composite(op, device_rule)
     if custom_op_without_fake(op):
         return _fallback_or_unsupported(op, label, device_rule, why="a custom op with no fake implementation")
+    if op.namespace in _COMMUNICATING_NAMESPACES and not (has(name, "Meta") or has(name, "CompositeImplicitAutograd")):
+        return Rule(Kind.UNSUPPORTED, f"{label}: a collective with no meta kernel (its other kernels communicate, "
+                    "and are never run here)", device_rule=device_rule)
     if has(name, "Meta"):
         label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
         return Rule(Kind.META, label, kinds=_meta_or_on_the_host_when_empty(op), device_rule=device_rule)
@@ -195,6 +198,12 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
     if decomposition is not None:
         return Rule(Kind.DECOMPOSITION, label, decomposition, device_rule=device_rule)
     return _fallback_or_unsupported(op, label, device_rule, why="no meta kernel and no decomposition")
+
+
+_COMMUNICATING_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
+                                       "_dtensor"})
+"""Collectives talk to the other ranks of a process group: never run for real while propagating
+(one rank alone would wait for the others, or send them data)."""
 
 
 def _fallback_or_unsupported(op: OpOverload, label: str, device_rule: str | None, why: str) -> Rule:

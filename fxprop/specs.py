@@ -6,11 +6,12 @@ never copied; the user's tensors are only read.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from .torch_compat import FakeTensor
+from .torch_compat import FakeTensor, is_opaque
 
 from . import symbolic
 from .devices import device_of, normalize_device, tag
@@ -174,6 +175,8 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         symbolic.current().adopt_env(value.node.shape_env)
         return value
     if isinstance(value, torch.Tensor):
+        if is_dtensor(value):
+            raise InputError(f"{where}: a DTensor (placements {value.placements}): {DTENSORS_NOT_PROPAGATED}")
         if value.is_nested:
             raise InputError(f"{where}: nested tensors are not supported (their sizes vary per component)")
         if value.layout is not torch.strided:
@@ -191,6 +194,8 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         return value
     if isinstance(value, torch.Size):
         return value
+    if is_opaque(value):
+        return value  # a DeviceMesh, a ProcessGroup, a script object: passed whole to the ops that take it
     if isinstance(value, (list, tuple)):
         converted = [to_internal(item, f"{where}[{i}]", real_values) for i, item in enumerate(value)]
         if isinstance(value, list):
@@ -200,8 +205,18 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         return {key: to_internal(item, f"{where}[{key!r}]", real_values) for key, item in value.items()}
     raise InputError(
         f"{where}: unsupported input type {type(value).__module__}.{type(value).__qualname__}; expected a "
-        "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, or a tuple/list/dict of those"
+        "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, an opaque object (a script "
+        "object, a DeviceMesh), or a tuple/list/dict of those"
         + (" (convert an array with torch.from_numpy)" if type(value).__module__ == "numpy" else ""))
+
+
+DTENSORS_NOT_PROPAGATED = ("DTensor values are not propagated yet; propagate the graphs AOT autograd hands its "
+                           "compilers, where each DTensor is its local tensor and its mesh")
+
+
+def is_dtensor(value: Any) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")  # a DTensor exists only once its module is imported
+    return module is not None and isinstance(value, module.DTensor)
 
 
 __all__ = ["TensorSpec", "device_of", "meta_like", "parse_dtype", "to_internal"]

@@ -396,3 +396,41 @@ def peak_allocated_bytes(fn) -> tuple[Any, int | None]:
         live += record.cpu_memory_usage()
         peak = max(peak, live)
     return result, peak
+
+
+# --- torch.distributed: opaque objects, the functional collectives, the fake process group ---
+
+def distributed_available() -> bool:
+    """Whether this torch build has torch.distributed (its ops and its process groups)."""
+    return torch.distributed.is_available()
+
+
+def is_opaque(value: Any) -> bool:
+    """Whether ``value`` is an object a graph passes whole to custom ops, never looked into: a
+    TorchScript object, an instance of a type registered with ``register_opaque_type`` (a
+    DeviceMesh, a ProcessGroup), or the FakeScriptObject AOT autograd wraps either in."""
+    if isinstance(value, torch.ScriptObject):
+        return True
+    from torch._library.fake_class_registry import FakeScriptObject
+    from torch._library.opaque_object import is_opaque_value
+    return isinstance(value, FakeScriptObject) or is_opaque_value(value)
+
+
+def register_collective_meta_kernels() -> None:
+    """Import ``torch.distributed._functional_collectives``: it registers the Meta kernels of the
+    ``_c10d_functional`` ops (defined in C++, whose only other kernels run real collectives)."""
+    if distributed_available():
+        import torch.distributed._functional_collectives  # noqa: F401
+
+
+def register_dtensor_fake_kernels() -> None:
+    """Import ``torch.distributed.tensor._collective_utils``: it registers the fake kernel of
+    ``_dtensor::shard_dim_alltoall`` (whose fake resolves the group by name to learn its size)."""
+    import torch.distributed.tensor._collective_utils  # noqa: F401
+
+
+def register_fake_process_group_backend() -> None:
+    """Register torch's ``"fake"`` process group backend (a FakeProcessGroup: every collective
+    completes at once on this process, as a mesh of N ranks would, without moving data). Its
+    creator lives in ``torch.testing._internal.distributed.fake_pg``, torch's own tool for this."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401

@@ -20,12 +20,13 @@
 | recurrent modules | `recurrent.py` |
 | fused optimizer steps | `optimizers.py` |
 | calls that change process-wide state (seeding the RNG) | `global_state.py` |
+| functional collectives (`_c10d_functional`: all_reduce, broadcast, wait_tensor, ...) | `collectives.py` |
 | higher-order ops (cond, while_loop, map, scan, autocast and grad-mode regions, ...) | `higher_order/` |
 
 Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
 """
 from ..registry import registered_rules, rule, target_name, unregister
-from . import (attention, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
+from . import (attention, collectives, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
                normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting,
                triangular, upsample)
 from . import higher_order  # noqa: F401
