@@ -13,8 +13,9 @@ Every mode prints a terminal table and a summary (counts per rule kind or status
 node needs the real-tensor fallback (or has no rule at all), for CI gates; 1 is an error.
 ``--model`` traces with torch.export, and where export cannot (a custom op without a fake kernel,
 control flow on tensor values) with fx.symbolic_trace, then dynamo; the summary's "trace" names
-the tracer used and "trace fallback" why the ones before it failed. Kinds come from `fxprop.lookup`, which asks the resolution
-the engine itself uses (`fxprop.resolution`), so the report and the engine cannot disagree.
+the tracer used and "trace fallback" why the ones before it failed. Kinds come from
+`fxprop.lookup`, which asks the resolution the engine itself uses (`fxprop.resolution`), so the
+report and the engine cannot disagree.
 The overload mode lists higher-order operators too: "unsupported" when fxprop has no rule for one.
 """
 from __future__ import annotations
