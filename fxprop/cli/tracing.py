@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 import torch.fx
 
+from .. import torch_compat
 from .loading import SourceTracer
 
 TRACER_NAMES = {"export": "torch.export", "symbolic": "torch.fx.symbolic_trace", "dynamo": "dynamo (torch.compile)"}
@@ -96,11 +97,11 @@ def dynamo_graphs(model: torch.nn.Module, inputs: tuple) -> list[tuple[torch.fx.
         captured.append((gm, tuple(example_inputs)))
         return gm.forward  # run as captured: the model's own result, and the code after the break sees it
 
-    torch._dynamo.reset()  # a cached compilation of the same code would not call this backend again
+    torch_compat.reset_dynamo()  # a cached compilation of the same code would not call this backend again
     try:
         torch.compile(model, backend=keep)(*inputs)
     finally:
-        torch._dynamo.reset()  # nothing compiled here outlives the capture
+        torch_compat.reset_dynamo()  # nothing compiled here outlives the capture
     if not captured:
         raise TraceError("dynamo captured no graph (the model ran entirely outside dynamo)")
     return captured
