@@ -53,3 +53,11 @@ def test_calls_in_the_root_break_spans_and_other_nodes_do_not():
                                          ("L['self']", ""), ("model.layers.0.mlp", "model.layers.0.mlp")])
 def test_dynamo_paths_are_read_as_module_names(path, plain):
     assert normalized_path(path) == plain
+
+
+@pytest.mark.parametrize("module", ["fxprop.cli.module_spans", "fxprop.cli.tracing"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    found = doctest.testmod(importlib.import_module(module))
+    assert found.failed == 0 and found.attempted > 0
