@@ -93,6 +93,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
 
     If any node fails, a `PropagationError` (the model's error), `UnsupportedError` (fxprop
     cannot answer) or `InternalError` (fxprop's bug) names it, and no node's metadata is changed.
+    A graph that does not end in exactly one output node, or the wrong number of inputs, raises
+    `InputError` before any node is visited.
 
     >>> import torch, fxprop
     >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(16, 32, device="meta"))
@@ -107,6 +109,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         sync_symbols(program)  # range_constraints and unbacked_bindings follow the new annotations
         return user_outputs(program, outputs)
     _check_graph_module(gm, "propagate")
+    _check_output(gm.graph)
     options = _Options.checked(param_device, fallback_limit_bytes, cache, progress)
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     flat_inputs = _flatten_inputs(gm, inputs)
@@ -147,6 +150,7 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     ['cat', 'output']
     """
     _check_graph_module(gm, "repropagate")
+    _check_output(gm.graph)
     options = _Options.checked(param_device, fallback_limit_bytes, cache, None)
     dirty = _downstream_of_edits(gm, edited)
     symbols = symbolic.session_of(gm)
@@ -200,6 +204,31 @@ def _check_graph_module(gm: Any, name: str) -> None:
             " (trace a module first, e.g. torch.fx.symbolic_trace(model) or torch.export.export(model, args).module())"
             if isinstance(gm, torch.nn.Module) else "")
     raise InputError(f"{name} expects a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
+
+
+def _check_output(graph: torch.fx.Graph) -> None:
+    """A graph ends in exactly one output node: torch.fx returns at the first output, so nodes
+    after it never run, and without one the graph returns nothing. O(outputs), not O(nodes)."""
+    outputs = graph.find_nodes(op="output")
+    if not outputs:
+        raise InputError("the graph has no output node: a graph ends in one, e.g. graph.output(value) "
+                         "(was it erased, or the graph built without it?)")
+    first = outputs[0]
+    after = first.next
+    if after.op == "root":
+        return
+    if after.op == "output":
+        raise InputError(f"the graph has {len(outputs)} output nodes ({', '.join(_node_text(n) for n in outputs)}): "
+                         "a graph returns at its first output and ends there")
+    raise InputError(f"node {_node_text(after)} comes after the graph's output node %{first.name}: a graph "
+                     "returns at its output, so the nodes after it would never run (insert nodes before the "
+                     "output, e.g. with graph.inserting_before(output))")
+
+
+def _node_text(node: torch.fx.Node) -> str:
+    """``%neg (call_function torch.neg, File "model.py", line 3: y = -x)`` for messages about a node."""
+    where = source_line(node)
+    return f"%{node.name} ({_op_name(node)}{', ' + where if where else ''})"
 
 
 def _downstream_of_edits(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node]) -> set:
@@ -525,6 +554,13 @@ class GraphWalk:
     def load(self, argument: Any) -> Any:
         def value_of(node: torch.fx.Node) -> Any:
             if node not in self.env:
+                if torch_compat.is_erased(node):
+                    raise PropagationError(f"node %{node.name} was erased from the graph but is still used",
+                                           error_type=RuntimeError)
+                if node.graph is not self.gm.graph:
+                    raise PropagationError(f"node %{node.name} belongs to another graph (copy nodes with "
+                                           "Graph.node_copy(node, arg_transform) to map their arguments)",
+                                           error_type=RuntimeError)
                 if not (self.dirty is not None and "val" in node.meta):
                     raise PropagationError(f"node %{node.name} is used before it is defined", error_type=NameError)
                 self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])

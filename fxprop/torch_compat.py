@@ -230,6 +230,17 @@ def pytree_codegen(gm: torch.fx.GraphModule) -> Any:
     return codegen if isinstance(codegen, PyTreeCodeGen) else None
 
 
+def is_erased(node: torch.fx.Node) -> bool:
+    """Whether ``Graph.erase_node`` removed the node (a pass may leave users pointing at it)."""
+    return node._erased
+
+
+def reset_dynamo() -> None:
+    """Forget every compiled frame, so that the next torch.compile calls its backend afresh."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+
 def import_dynamo() -> None:
     """Import torch._dynamo now: FakeTensorMode imports it lazily, which takes seconds."""
     import torch._dynamo  # noqa: F401

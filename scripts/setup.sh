@@ -8,4 +8,4 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install --quiet torch==2.13.0
 fi
-.venv/bin/pip install --quiet -e '.[test,docs]'
+.venv/bin/pip install --quiet -e '.[test,docs,plot]'  # plot: the live-bytes plot's tests run, not skip

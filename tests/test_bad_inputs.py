@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fxprop
-from fxprop.testing import assert_no_side_effects
+from fxprop.testing import assert_matches_real, assert_no_side_effects
 
 
 def linear():
@@ -53,6 +53,52 @@ def used_before_defined():
     with pytest.raises(RuntimeError, match="used before it has been defined"):
         graph.lint()
     return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def from_another_graph():
+    other = torch.fx.Graph()
+    relu = other.call_function(torch.relu, (other.placeholder("a"),))
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(torch.neg, (graph.placeholder("x"),)))
+    neg = next(n for n in graph.nodes if n.op == "call_function")
+    neg.args = (relu,)  # copied without mapping its argument: still the other graph's node
+    with pytest.raises(RuntimeError, match="does not belong to this Graph"):
+        graph.lint()
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def used_after_erased():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    relu = graph.call_function(torch.relu, (x,))
+    graph.output(graph.call_function(torch.neg, (relu,)))
+    relu.users.clear()  # as a pass that forgot to rewire its users would leave it
+    graph.erase_node(relu)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def relu_graph(after_output=()):
+    """x -> relu -> output, then ``after_output`` nodes appended after the output."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.relu, (x,)))
+    for op, target in after_output:
+        graph.create_node(op, target, (x,) if op != "output" else (x,))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def without_output():
+    gm = relu_graph()
+    gm.graph.erase_node(next(n for n in gm.graph.nodes if n.op == "output"))
+    return gm
+
+
+def call_module_of_a_tensor():
+    model = torch.nn.Module()
+    model.register_buffer("scale", torch.ones(2))
+    graph = torch.fx.Graph()
+    graph.output(graph.create_node("call_module", "scale", (graph.placeholder("x"),)))
+    return torch.fx.GraphModule(model, graph)
 
 
 def target_not_callable():
@@ -102,6 +148,23 @@ PROPAGATE_TABLE = [
      r"(?s)call_module: the module has no submodule '0'.*while propagating node %_0"),
     ("a node used before it is defined", lambda: (used_before_defined(), (X,), {}), fxprop.PropagationError,
      r"(?s)node %relu is used before it is defined.*while propagating node %neg"),
+    ("a node from another graph", lambda: (from_another_graph(), (X,), {}), fxprop.PropagationError,
+     r"(?s)node %relu belongs to another graph \(copy nodes with Graph.node_copy.*while propagating node %neg"),
+    ("a node used after it was erased", lambda: (used_after_erased(), (X,), {}), fxprop.PropagationError,
+     r"(?s)node %relu was erased from the graph but is still used.*while propagating node %neg"),
+    ("a graph without an output node", lambda: (without_output(), (X,), {}), fxprop.InputError,
+     r"the graph has no output node: a graph ends in one, e.g. graph.output\(value\)"),
+    ("two output nodes", lambda: (relu_graph([("output", "output")]), (X,), {}), fxprop.InputError,
+     r"the graph has 2 output nodes \(%output \(output output\), %output_1 \(output output\)\): a graph "
+     r"returns at its first output"),
+    ("a node after the output", lambda: (relu_graph([("call_function", torch.neg)]), (X,), {}), fxprop.InputError,
+     r"node %neg \(call_function .*neg\) comes after the graph's output node %output: .* would never run"),
+    ("call_module of a tensor", lambda: (call_module_of_a_tensor(), (X,), {}), fxprop.PropagationError,
+     r"(?s)call_module: the module has no submodule 'scale' \(`scale` is not an nn.Module\).*while propagating "
+     r"node %scale"),
+    ("call_method of a method tensors lack", lambda: (traced(lambda self, x: x.no_such_method()), (X,), {}),
+     fxprop.PropagationError, r"(?s)AttributeError: 'Tensor' object has no attribute 'no_such_method'"
+                              r".*while propagating node %no_such_method \(call_method Tensor.no_such_method\)"),
     ("a target that is not callable", lambda: (target_not_callable(), (X,), {}), fxprop.PropagationError,
      r"(?s)call_function target 42 is not callable.*while propagating node %relu"),
     ("an unknown node kind", lambda: (unknown_node_kind(), (X,), {}), fxprop.PropagationError,
@@ -127,6 +190,7 @@ def test_propagate_refuses(make, error, match):
         with pytest.raises(error, match=match):
             fxprop.propagate(gm, *inputs, **options)
     assert all("fxprop" not in node.meta and "val" not in node.meta for node in nodes), "metadata was written"
+    assert not isinstance(gm, torch.fx.GraphModule) or "fxprop" not in gm.meta, "the graph's summary was written"
 
 
 SPEC_TABLE = [
@@ -169,7 +233,55 @@ def test_input_errors_are_type_and_value_errors():
     assert issubclass(fxprop.InputError, TypeError) and issubclass(fxprop.InputError, ValueError)
 
 
+def test_a_node_after_the_output_is_named_with_its_source_line():
+    gm = relu_graph([("call_function", torch.neg)])
+    dead = next(n for n in gm.graph.nodes if n.name == "neg")
+    dead.stack_trace = 'File "model.py", line 7, in forward\n    y = -x'
+    with pytest.raises(fxprop.InputError, match=r'node %neg \(call_function .*neg, File "model.py", line 7: y = -x\) '
+                                                 r"comes after the graph's output node %output"):
+        fxprop.propagate(gm, X)
+
+
+def wire_a_node_of_another_graph(gm):
+    other = torch.fx.Graph()
+    foreign = other.call_function(torch.neg, (other.placeholder("a"),))
+    mul = next(n for n in gm.graph.nodes if n.name == "mul")
+    mul.args = (foreign, 2)
+    return [mul]
+
+
+def append_after_the_output(gm):
+    gm.graph.call_function(torch.neg, (next(iter(gm.graph.nodes)),))
+    return []  # a new node: repropagate finds it unannotated
+
+
+@pytest.mark.parametrize("edit, error, match", [
+    (wire_a_node_of_another_graph, fxprop.PropagationError, r"(?s)node %neg belongs to another graph.*%mul"),
+    (append_after_the_output, fxprop.InputError, r"node %neg .* comes after the graph's output node %output"),
+], ids=["a node of another graph", "a node after the output"])
+def test_repropagate_refuses_a_malformed_edit_and_changes_nothing(edit, error, match):
+    gm = traced(lambda self, x: torch.relu(x) * 2)
+    fxprop.propagate(gm, X)
+    edited = edit(gm)
+    before, summary = {node.name: dict(node.meta) for node in gm.graph.nodes}, dict(gm.meta)
+    with pytest.raises(error, match=match):
+        fxprop.repropagate(gm, edited)
+    assert {node.name: dict(node.meta) for node in gm.graph.nodes} == before and gm.meta == summary
+
+
 # What must *not* be refused.
+
+def test_a_placeholder_after_other_nodes_takes_its_input_in_graph_order():
+    """torch.fx binds placeholders in graph order wherever they stand; so does fxprop."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    relu = graph.call_function(torch.relu, (x,))
+    y = graph.placeholder("y")
+    graph.output(graph.call_function(torch.add, (relu, y)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert_matches_real(gm, fxprop.TensorSpec((3, 1)), fxprop.TensorSpec((1, 4), dtype=torch.float64))
+    assert gm.graph.find_nodes(op="output")[0].meta["val"].shape == (3, 4)
+
 
 def test_meta_tensors_of_a_trillion_elements_propagate():
     gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(10**6, 8), torch.nn.ReLU()))

@@ -52,7 +52,7 @@ def test_kind_filter_and_fail_on_fallback():
     code, out, err = run("--kind", "fallback", "--format", "csv", "--fail-on-fallback")
     rows = list(csv.reader(io.StringIO(out)))
     assert rows[0] == ["op", "kind", "rule"] and all(row[1] == "fallback" for row in rows[1:])
-    assert code == 1 and "need the real-tensor fallback" in err and "summary" in err
+    assert code == coverage_report.EXIT_FALLBACK == 3 and "need the real-tensor fallback" in err and "summary" in err
 
 
 def test_model_mode_lists_each_node_and_how_it_was_covered():
@@ -76,8 +76,111 @@ def test_model_mode_gate_fails_on_a_fallback_node(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     code, out, err = run("--model", "fallback_model:make", "--trace", "symbolic", "--format", "md",
                          "--fail-on-fallback")
-    assert code == 1 and "| double | fxprop_report_test.double | fallback |" in out
+    assert code == 3 and "| double | fxprop_report_test.double | fallback |" in out
     assert "1 op(s)/node(s) need the real-tensor fallback" in err
+
+
+CUSTOM_OP_MODEL = """
+import torch
+
+@torch.library.custom_op("fxprop_report_test::triple_no_fake", mutates_args=())
+def triple(x: torch.Tensor) -> torch.Tensor:
+    return x * 3  # a CPU implementation and no fake kernel: torch.export cannot run it
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        return triple(self.fc(x)).relu()
+
+def make():
+    return M(), (torch.ones(2, 4),)
+"""
+
+DATA_DEPENDENT_MODEL = """
+import torch
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:  # python control flow on a tensor's value: export and symbolic_trace refuse it
+            return y.relu()
+        return y.neg()
+
+def make():
+    torch.manual_seed(0)
+    return M(), (torch.ones(2, 4),)
+"""
+
+
+def model_module(tmp_path, monkeypatch, name, text):
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+def test_a_custom_op_without_fake_kernel_falls_back_to_symbolic_trace(tmp_path, monkeypatch):
+    module = model_module(tmp_path, monkeypatch, "no_fake_kernel_model", CUSTOM_OP_MODEL)
+    model, inputs = module.make()
+    expected = tuple(model.fc(*inputs).shape)
+    code, out, err = run("--model", "no_fake_kernel_model:make", "--format", "json", "--fail-on-fallback")
+    report = json.loads(out)
+    summary = report["summary"]
+    assert summary["trace"] == "torch.fx.symbolic_trace" and "(torch.fx.symbolic_trace)" in report["title"]
+    assert summary["trace fallback"].startswith("torch.export failed: RuntimeError: There was no fake impl "
+                                                "registered for <CustomOpDef(fxprop_report_test::triple_no_fake)>")
+    rows = {row["op"]: row for row in report["rows"]}
+    custom = rows["fxprop_report_test.triple_no_fake.default"]
+    assert custom["kind"] == "fallback" and custom["fallback bytes"] > 0 and custom["shape"] == str(expected)
+    assert summary["fallback"] == 1
+    assert code == 3 and "1 op(s)/node(s) need the real-tensor fallback" in err
+    assert run("--model", "no_fake_kernel_model:make")[0] == 0  # without the gate: a report, not a failure
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv"])
+def test_every_format_names_the_trace_and_why(tmp_path, monkeypatch, fmt):
+    model_module(tmp_path, monkeypatch, f"no_fake_kernel_{fmt}", CUSTOM_OP_MODEL.replace("triple_no_fake",
+                                                                                          f"triple_no_fake_{fmt}"))
+    code, out, err = run("--model", f"no_fake_kernel_{fmt}:make", "--format", fmt)
+    summary = err if fmt == "csv" else out  # csv keeps stdout for rows
+    assert code == 0
+    assert "trace fallback" in summary and "torch.export failed: RuntimeError: There was no fake impl" in summary
+    assert f"triple_no_fake_{fmt}.default" in out and "fallback" in out
+
+
+def test_python_control_flow_on_tensor_values_falls_back_to_dynamo(tmp_path, monkeypatch, capsys):
+    module = model_module(tmp_path, monkeypatch, "data_dependent_model", DATA_DEPENDENT_MODEL)
+    model, inputs = module.make()
+    taken = model(*inputs)  # the branch real execution takes
+    code, out, err = run("--model", "data_dependent_model:make", "--format", "json", "--fail-on-fallback")
+    report = json.loads(out)
+    summary = report["summary"]
+    assert code == 0, err
+    assert summary["trace"] == "dynamo (torch.compile)" and summary["graphs"] == 2
+    export_failed, symbolic_failed = summary["trace fallback"].split("; ")
+    assert export_failed.startswith("torch.export failed: GuardOnDataDependentSymNode: Could not guard on "
+                                    "data-dependent expression")
+    assert symbolic_failed == ("torch.fx.symbolic_trace failed: TraceError: symbolically traced variables cannot "
+                               "be used as inputs to control flow")
+    rows = {row["node"]: row for row in report["rows"]}
+    branch = "Tensor.relu" if bool(taken.min() >= 0) else "Tensor.neg"
+    after_break = [row for name, row in rows.items() if name.startswith("g1.")]
+    assert [row["op"] for row in after_break] == [branch] and after_break[0]["shape"] == str(tuple(taken.shape))
+    assert "def forward" not in capsys.readouterr().err  # export's partial graph is not printed over the report
+
+
+def test_a_named_tracer_is_the_only_one_tried(tmp_path, monkeypatch):
+    model_module(tmp_path, monkeypatch, "data_dependent_only", DATA_DEPENDENT_MODEL)
+    code, out, err = run("--model", "data_dependent_only:make", "--trace", "symbolic")
+    assert code == 1 and out == ""
+    assert err.startswith("coverage_report: no tracer could trace M: torch.fx.symbolic_trace failed: TraceError")
+    assert "torch.export" not in err
 
 
 @pytest.mark.parametrize("keep_example_inputs", [True, False])

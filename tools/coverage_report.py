@@ -3,14 +3,19 @@
 
     python tools/coverage_report.py                                   # every aten overload, by rule kind
     python tools/coverage_report.py --model fxprop.examples:gpt_example    # one model's graph, node by node
+    python tools/coverage_report.py --model pkg.mod:make --trace symbolic  # one tracer only (default: auto)
     python tools/coverage_report.py --graph program.pt2                # a torch.export.save'd program
     python tools/coverage_report.py --verify [--ops mm,add | --slice]  # OpInfo conformance vs FakeTensorMode
 
 Every mode prints a terminal table and a summary (counts per rule kind or status);
 ``--format md|json|csv`` changes the output (csv writes the summary to stderr).
-``--fail-on-fallback`` exits with 1 when any op or node needs the real-tensor fallback (or
-has no rule at all), for CI gates. Kinds come from `fxprop.lookup`, which asks the resolution
-the engine itself uses (`fxprop.resolution`), so the report and the engine cannot disagree.
+``--fail-on-fallback`` exits with 3 (as ``fxprop run --fail-on-fallback`` does) when any op or
+node needs the real-tensor fallback (or has no rule at all), for CI gates; 1 is an error.
+``--model`` traces with torch.export, and where export cannot (a custom op without a fake kernel,
+control flow on tensor values) with fx.symbolic_trace, then dynamo; the summary's "trace" names
+the tracer used and "trace fallback" why the ones before it failed. Kinds come from
+`fxprop.lookup`, which asks the resolution the engine itself uses (`fxprop.resolution`), so the
+report and the engine cannot disagree.
 The overload mode lists higher-order operators too: "unsupported" when fxprop has no rule for one.
 """
 from __future__ import annotations
@@ -30,11 +35,13 @@ import fxprop
 from fxprop import conformance
 from fxprop.report import describe_value, format_table
 from fxprop import Kind, lookup
+from fxprop.cli.tracing import AUTO, TRACERS, TraceError, trace_model
 from fxprop.registry import target_name
 from fxprop.torch_compat import higher_order_ops
 
 KINDS = tuple(kind.value for kind in Kind)
 FALLBACK_KINDS = (Kind.FALLBACK.value, Kind.UNSUPPORTED.value)
+EXIT_OK, EXIT_ERROR, EXIT_FALLBACK = 0, 1, 3  # fxprop.cli.main's codes
 
 
 @dataclass
@@ -92,12 +99,6 @@ def load_model(spec: str) -> tuple[torch.nn.Module, tuple]:
     return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
-def trace(model: torch.nn.Module, inputs: tuple, tracer: str) -> torch.fx.GraphModule:
-    if tracer == "symbolic":
-        return torch.fx.symbolic_trace(model)
-    return torch.export.export(model, inputs).module()
-
-
 def load_program(path: str) -> tuple[torch.fx.GraphModule, tuple, dict]:
     """A `torch.export.save`'d program and inputs for it: its example inputs, or its placeholders' specs."""
     program = torch.export.load(path)
@@ -110,25 +111,44 @@ def load_program(path: str) -> tuple[torch.fx.GraphModule, tuple, dict]:
     return program.module(), tuple(specs), {}
 
 
-def graph_report(gm: torch.fx.GraphModule, inputs: tuple, kwargs: dict, title: str) -> Report:
-    fxprop.propagate(gm, *inputs, **kwargs)
+def graph_report(graphs: Sequence[tuple[torch.fx.GraphModule, tuple, dict]], title: str) -> Report:
+    """One row per call node; with several graphs (dynamo's graph breaks) each node is ``g<i>.<name>``."""
     report = Report(title, ("node", "op", "kind", "rule", "fallback bytes", "shape", "dtype", "device"),
                     kind_column="kind")
     counts = dict.fromkeys(KINDS, 0)
-    ops: dict[str, set] = {kind: set() for kind in KINDS}
-    for node in gm.graph.nodes:
-        if not node.op.startswith("call"):
-            continue
-        provenance = node.meta["fxprop"]
-        name = target_name(node.target) if node.op != "call_module" else f"module {node.target}"
-        shape, dtype, device = describe_value(node.meta.get("val"))
-        kind = provenance.kind.value
-        report.rows.append((node.name, name, kind, provenance.rule, provenance.fallback_bytes, shape, dtype, device))
-        counts[kind] += 1
-        ops[kind].add(name)
+    fallback_bytes = 0
+    for index, (gm, inputs, kwargs) in enumerate(graphs):
+        fxprop.propagate(gm, *inputs, **kwargs)
+        prefix = f"g{index}." if len(graphs) > 1 else ""
+        for node in gm.graph.nodes:
+            if not node.op.startswith("call"):
+                continue
+            provenance = node.meta["fxprop"]
+            name = target_name(node.target) if node.op != "call_module" else f"module {node.target}"
+            shape, dtype, device = describe_value(node.meta.get("val"))
+            kind = provenance.kind.value
+            report.rows.append((prefix + node.name, name, kind, provenance.rule, provenance.fallback_bytes,
+                                shape, dtype, device))
+            counts[kind] += 1
+        fallback_bytes += gm.meta["fxprop"]["fallback_bytes"]
     report.summary = {"nodes": len(report.rows), **{k: v for k, v in counts.items() if v or k != "unsupported"},
                       "distinct ops": len({row[1] for row in report.rows}),
-                      "fallback bytes": gm.meta["fxprop"]["fallback_bytes"]}
+                      "fallback bytes": fallback_bytes}
+    if len(graphs) > 1:
+        report.summary["graphs"] = len(graphs)
+        report.title += f" ({len(graphs)} graphs: the code between them ran eagerly and is in no row)"
+    return report
+
+
+def model_report(spec: str, tracers: Sequence[str]) -> Report:
+    """``--model``: traced by the first of ``tracers`` that can; the summary names it, and why the others failed."""
+    model, inputs = load_model(spec)
+    traced = trace_model(model, inputs, tracers)
+    report = graph_report([(gm, graph_inputs, {}) for gm, graph_inputs in traced.graphs],
+                          f"{spec} ({traced.name}): nodes by the rule that covered them")
+    report.summary["trace"] = traced.name
+    if traced.failures:
+        report.summary["trace fallback"] = traced.why
     return report
 
 
@@ -244,8 +264,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
     source.add_argument("--model", metavar="MODULE:CALLABLE", help="a callable returning (model, example_inputs)")
     source.add_argument("--graph", metavar="FILE", help="a program saved with torch.export.save")
     source.add_argument("--verify", action="store_true", help="run the OpInfo samples (fxprop vs FakeTensorMode)")
-    parser.add_argument("--trace", choices=("export", "symbolic"), default="export",
-                        help="how --model is traced: torch.export (aten ops, default) or fx.symbolic_trace")
+    parser.add_argument("--trace", choices=("auto", *TRACERS), default="auto",
+                        help="how --model is traced: auto (default) tries torch.export (aten ops), then "
+                             "fx.symbolic_trace, then dynamo (both torch-level), and says why it moved on; "
+                             "a named tracer is the only one tried")
     parser.add_argument("--ops", help="--verify: comma-separated OpInfo keys (default: all of op_db)")
     parser.add_argument("--slice", action="store_true", help="--verify: only the CI slice")
     parser.add_argument("--max-samples", type=int, default=conformance.MAX_SAMPLES,
@@ -254,7 +276,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
     parser.add_argument("--format", choices=("table", "md", "json", "csv"), default="table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--fail-on-fallback", action="store_true",
-                        help="exit 1 when an op or node needs the real-tensor fallback or has no rule")
+                        help=f"exit {EXIT_FALLBACK} when an op or node needs the real-tensor fallback or has no rule")
     args = parser.parse_args(argv)
 
     try:
@@ -262,17 +284,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
             keys = (args.ops.split(",") if args.ops else list(conformance.CI_SLICE) if args.slice else None)
             report = verify_report(keys, args.max_samples or None, ProgressBar(err, enabled=not args.no_progress))
         elif args.model:
-            model, inputs = load_model(args.model)
-            report = graph_report(trace(model, inputs, args.trace), inputs, {},
-                                  f"{args.model} ({args.trace}): nodes by the rule that covered them")
+            report = model_report(args.model, AUTO if args.trace == "auto" else (args.trace,))
         elif args.graph:
-            gm, inputs, kwargs = load_program(args.graph)
-            report = graph_report(gm, inputs, kwargs, f"{args.graph}: nodes by the rule that covered them")
+            report = graph_report([load_program(args.graph)], f"{args.graph}: nodes by the rule that covered them")
         else:
             report = all_ops_report()
-    except (fxprop.FxpropError, KeyError) as error:
+    except (fxprop.FxpropError, KeyError, TraceError) as error:
         err.write(f"coverage_report: {error}\n")
-        return 1
+        return EXIT_ERROR
     kinds = report.kinds()
     if args.kind:
         if report.kind_column is None:
@@ -283,8 +302,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
     fell_back = [kind for kind in kinds if kind in FALLBACK_KINDS]
     if args.fail_on_fallback and fell_back:
         err.write(f"coverage_report: {len(fell_back)} op(s)/node(s) need the real-tensor fallback or have no rule\n")
-        return 1
-    return 0
+        return EXIT_FALLBACK
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -20,14 +20,18 @@ linear  linear  48     100.0%
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ..estimate import Estimate
 from ..estimate.sizes import is_symbolic
 from ..report import format_table
+from .module_spans import Span, label_at, module_spans
 
-PLOT_HINT = ("--estimate-svg needs matplotlib, which is not installed: pip install matplotlib "
-             "(or the extra: pip install 'fxprop[plot]')")
+PLOT_HINT = ("--live-bytes-plot (alias --estimate-svg) needs matplotlib, which is not installed: "
+             "pip install matplotlib (or the extra: pip install 'fxprop[plot]')")
+
+PLOT_INCHES, PLOT_DPI = (10, 4.5), 100  # a PNG of 1000 x 450 pixels, whatever the user's matplotlibrc says
+MAX_MODULE_LABELS = 60  # rotated 7-point labels stop overlapping at about this many across the plot
 
 
 class PlotError(Exception):
@@ -113,12 +117,16 @@ def parse_sizes(text: str) -> dict[str, int]:
     return sizes
 
 
-def draw_live_bytes(est: Estimate, path: str, title: str = "") -> None:
+def draw_live_bytes(est: Estimate, path: str, title: str = "", labels: Sequence[str | None] = ()) -> None:
     """Live bytes per device across the node order, the peak marked, as an SVG (or any format
-    matplotlib knows from the file's extension)."""
+    matplotlib knows from the file's extension: ``.png``, ``.pdf``).
+
+    ``labels`` (`fxprop.cli.module_spans.node_labels`, one per node) shades and names the span
+    of each module and says which one the peak falls in; SVG text stays text, searchable.
+    """
     if est.is_symbolic:
-        raise PlotError("--estimate-svg needs concrete sizes: give --estimate-at NAME=SIZE,... for the symbols "
-                        + ", ".join(sorted(est.symbols)))
+        raise PlotError("--live-bytes-plot (alias --estimate-svg) needs concrete sizes: give --estimate-at "
+                        "NAME=SIZE,... for the symbols " + ", ".join(sorted(est.symbols)))
     try:
         import matplotlib
     except ImportError:
@@ -126,31 +134,50 @@ def draw_live_bytes(est: Estimate, path: str, title: str = "") -> None:
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, axes = pyplot.subplots(figsize=(10, 4.5))
-    positions = {node.name: index for index, node in enumerate(est.nodes)}
-    scale, unit = _unit(max(est.peak_bytes.values(), default=0))
-    for device, peak in est.peak_bytes.items():
-        series = [node.live_bytes.get(device, 0) / scale for node in est.nodes]
-        line, = axes.plot(range(len(series)), series, label=f"{device} live", linewidth=1.2)
-        resident = est.input_bytes.get(device, 0) + est.state_bytes.get(device, 0)
-        axes.axhline(resident / scale, color=line.get_color(), linestyle="--", linewidth=0.8,
-                     label=f"{device} inputs + parameters")
-        peak_at = positions[est.peak_node[device]]
-        axes.plot([peak_at], [peak / scale], marker="o", color="red")
-        axes.annotate(f"peak {size_text(peak)}\n%{est.peak_node[device]}", (peak_at, peak / scale),
-                      textcoords="offset points", xytext=(8, -4), fontsize=8, color="red", va="top")
-    axes.set_ylabel(f"live {unit}")
-    axes.set_xlabel("node (graph order)")
-    axes.set_title(title or "live bytes")
-    axes.legend(loc="lower right")
-    axes.set_ylim(bottom=0)
-    figure.tight_layout()
-    figure.savefig(path)
-    pyplot.close(figure)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure, axes = pyplot.subplots(figsize=PLOT_INCHES)
+        positions = {node.name: index for index, node in enumerate(est.nodes)}
+        scale, unit = _unit(max(est.peak_bytes.values(), default=0))
+        for device, peak in est.peak_bytes.items():
+            series = [node.live_bytes.get(device, 0) / scale for node in est.nodes]
+            line, = axes.plot(range(len(series)), series, label=f"{device} live", linewidth=1.2)
+            resident = est.input_bytes.get(device, 0) + est.state_bytes.get(device, 0)
+            axes.axhline(resident / scale, color=line.get_color(), linestyle="--", linewidth=0.8,
+                         label=f"{device} inputs + parameters")
+            peak_at = positions[est.peak_node[device]]
+            module = label_at(labels, peak_at) if labels else ""
+            axes.plot([peak_at], [peak / scale], marker="o", color="red")
+            axes.annotate(f"peak {size_text(peak)}\n%{est.peak_node[device]}" + (f"\nin {module}" if module else ""),
+                          (peak_at, peak / scale), textcoords="offset points", xytext=(8, -4), fontsize=8,
+                          color="red", va="top")
+        axes.set_ylabel(f"live bytes ({unit})")
+        axes.set_xlabel("node (graph order)")
+        axes.set_title(title or "live bytes")
+        axes.set_ylim(bottom=0)
+        axes.set_xlim(-0.5, max(len(est.nodes) - 0.5, 0.5))
+        _shade_modules(axes, module_spans(labels))
+        axes.legend(loc="lower right")
+        figure.tight_layout()
+        figure.savefig(path, dpi=PLOT_DPI)
+        pyplot.close(figure)
+
+
+def _shade_modules(axes, spans: list[Span]) -> None:
+    """Alternate grey bands, one per module span, each named above the plot (every k-th when crowded)."""
+    if not spans:
+        return
+    for index, span in enumerate(spans):
+        axes.axvspan(span.start - 0.5, span.stop + 0.5, color="0.88" if index % 2 else "0.95", zorder=0,
+                     linewidth=0)
+    named = spans[::-(-len(spans) // MAX_MODULE_LABELS)]
+    top = axes.secondary_xaxis("top")
+    top.set_ticks([(span.start + span.stop) / 2 for span in named], labels=[span.label for span in named],
+                  rotation=90, fontsize=7)
+    top.tick_params(length=0, colors="0.3")
 
 
 def _unit(peak: int) -> tuple[float, str]:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if peak >= scale:
             return float(scale), unit
-    return 1.0, "bytes"
+    return 1.0, "B"

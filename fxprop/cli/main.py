@@ -18,7 +18,7 @@ from ..engine import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
 from ..errors import FxpropError
 from ..estimate import estimate
 from ..report import summarize
-from . import drawing, estimate_report
+from . import drawing, estimate_report, module_spans
 from .formats import FORMATS, render
 from .loading import LoadError, Loaded, UsageError, from_callable, from_exported, parse_input_spec, trace_module
 from .progress import Progress
@@ -30,7 +30,7 @@ EPILOG = """examples:
   fxprop run fxprop.examples:gpt_example
   fxprop run mypkg.models:make_model --input "B,T:int64@cuda:0" --format json
   fxprop run --graph program.pt2 --svg graph.svg --collapse
-  fxprop run fxprop.examples:gpt_example --estimate --estimate-svg live.svg
+  fxprop run fxprop.examples:gpt_example --live-bytes-plot live.svg --module-depth 3
 exit codes: 0 ok, 1 error (stderr names the node and source line), 2 usage, 3 --fail-on-fallback tripped"""
 
 
@@ -46,6 +46,12 @@ def _sizes(text: str) -> dict[str, int]:
         return estimate_report.parse_sizes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _depth(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a module depth 0, 1, 2, ..., got {text!r}")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,8 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "memory and FLOP nodes; with --format json, every node's record")
     run.add_argument("--estimate-at", type=_sizes, metavar="NAME=SIZE,...",
                      help="evaluate a symbolic estimate at these sizes, e.g. B=8,T=128 (implies --estimate)")
-    run.add_argument("--estimate-svg", metavar="FILE",
-                     help="draw live bytes across the node order, peak marked (needs matplotlib; implies --estimate)")
+    run.add_argument("--live-bytes-plot", "--estimate-svg", dest="live_bytes_plot", metavar="FILE",
+                     help="draw live bytes across the node order, the peak marked and each module's span shaded "
+                          "and named; SVG, PNG or PDF by the extension (needs matplotlib; implies --estimate)")
+    run.add_argument("--module-depth", type=_depth, metavar="N",
+                     help="--live-bytes-plot: mark modules N names deep (h.0.attn is 3 deep; 0: no marks; "
+                          "default: the depth of the repeated layers, such as h.0 or model.layers.0)")
     demo.add_argument("--format", choices=("table", "md"), default="table", help="output on stdout (default: table)")
     run.add_argument("--format", choices=FORMATS, default="table", help="output on stdout (default: table)")
     for sub in (demo, run):
@@ -97,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.svg and not drawing.have_dot():  # before any work: say so now, not after a long propagation
         print(f"fxprop: error: {drawing.GRAPHVIZ_HINT}", file=sys.stderr)
         return EXIT_ERROR
-    if getattr(args, "estimate_svg", None) and not estimate_report.have_matplotlib():
+    if getattr(args, "live_bytes_plot", None) and not estimate_report.have_matplotlib():
         print(f"fxprop: error: {estimate_report.PLOT_HINT}", file=sys.stderr)
         return EXIT_ERROR
     try:
@@ -154,9 +164,11 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
             progress.stage("drawing")
             written = draw(gm, args, title)
             progress.done()
-        if getattr(args, "estimate_svg", None):
-            estimate_report.draw_live_bytes(found, args.estimate_svg, f"live bytes: {title}")
-            written.append(args.estimate_svg)
+        if getattr(args, "live_bytes_plot", None):
+            depth = getattr(args, "module_depth", None)
+            labels = module_spans.node_labels(gm, depth) if depth != 0 else ()
+            estimate_report.draw_live_bytes(found, args.live_bytes_plot, f"live bytes: {title}", labels)
+            written.append(args.live_bytes_plot)
     for path in written:
         print(f"fxprop: wrote {path}", file=sys.stderr)
     fell_back = summary["fallback_nodes"]
@@ -173,7 +185,7 @@ def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progres
 
 
 def _wants_estimate(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name, None) for name in ("estimate", "estimate_at", "estimate_svg"))
+    return any(getattr(args, name, None) for name in ("estimate", "estimate_at", "live_bytes_plot"))
 
 
 def _trace_name(trace: str) -> str:
