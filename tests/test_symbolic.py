@@ -486,3 +486,17 @@ def test_a_view_in_a_symbolic_propagation_is_strided_as_atens_kernel_strides_it(
     view = next(n for n in gm.graph.nodes if n.target == "view")
     assert view.meta["val"].stride() == table[:, 1:17].transpose(1, 2).view(1, 32, 4, 4).stride()
     assert out.stride()[-1] == 1  # contiguous, as real execution lays it out
+
+
+def test_pooling_after_a_chain_of_convolutions_with_named_dims():
+    """The 4-d max pool's rank check asks for no element count, so the chain's sizes stay symbolic;
+    the expression agrees with real execution at every size tried."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.Conv2d(8, 16, 3),
+                                torch.nn.MaxPool2d(3, 2))
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+    shape = shape_of(list(gm.graph.nodes)[-1])
+    for h, w in ((12, 12), (13, 17), (20, 31)):
+        real = model(torch.randn(1, 3, h, w)).shape
+        sizes = {symbolic.user_symbol("H"): h, symbolic.user_symbol("W"): w}
+        assert tuple(int(sympy.sympify(d).subs(sizes)) for d in shape) == tuple(real)

@@ -31,6 +31,7 @@ def max_unpool2d(input: torch.Tensor, indices: torch.Tensor, output_size) -> tor
 def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Corrects the meta kernel, which wraps dims of a lower-rank input first and fails with
     IndexError, where the real kernels check the rank first (RuntimeError)."""
-    check(self.dim() in (3, 4) and (self.numel() != 0 or self.dim() == 4 or self.shape[0] == 0),
+    # the rank first: a 4-d input never asks for its element count, which a symbolic size may leave open
+    check(self.dim() == 4 or (self.dim() == 3 and (self.shape[0] == 0 or self.numel() != 0)),
           lambda: "non-empty 3D or 4D (batch mode) tensor expected for input")
     return aten.max_pool2d_with_indices.default(self, kernel_size, stride, padding, dilation, ceil_mode)
