@@ -1,7 +1,7 @@
 """One method's first call in a fresh process: `python benchmarks/cold.py CASE METHOD [PROFILE]` prints JSON.
 
 The graph is built before the clock starts (building it does not import fxprop: models.py
-loads fxprop/examples.py on its own). The clock covers importing the method and its first
+loads fxprop/examples/__init__.py on its own). The clock covers importing the method and its first
 call; both parts are also reported separately. The peak RSS deltas are the highest resident
 set size seen (sampled every millisecond from /proc/self/statm) minus the resident set size
 just before the import ("with import") and just before the call ("call").

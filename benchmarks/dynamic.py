@@ -4,7 +4,7 @@
 Exported programs (`PROGRAMS`)
     ``torch.export.export(model, args, dynamic_shapes=...)`` with ``Dim("batch")`` and
     ``Dim("seq")`` on every input of HF GPT-2, Llama and BERT (tests/corpus configs, 4 layers),
-    and ``Dim("seq")`` on the token input of fxprop/examples.py's Llama (parameters on the meta
+    and ``Dim("seq")`` on the token input of fxprop/examples/__init__.py's Llama (parameters on the meta
     device, full Llama-3-70B sizes) at several layer counts.
     fxprop          ``fxprop.propagate(program)``, no inputs: the placeholders' traced values
                     (FakeTensors in the program's ShapeEnv) are propagated. Each call gets a

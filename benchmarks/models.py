@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _standalone_examples():
-    """fxprop/examples.py loaded on its own: building a graph must not import fxprop (the cold
+    """fxprop/examples/__init__.py loaded on its own: building a graph must not import fxprop (the cold
     measurement's clock covers that import). examples.py imports torch only."""
     path = Path(__file__).resolve().parent.parent / "fxprop" / "examples.py"
     spec = importlib.util.spec_from_file_location("fxprop_benchmark_examples", path)

@@ -21,7 +21,7 @@ cold         a fresh process per method and graph (benchmarks/cold.py): the grap
 Symbolic section (benchmarks/dynamic.py; --symbolic, --no-symbolic)
              ``torch.export.export(..., dynamic_shapes=...)`` with ``Dim`` batch and seq on HF GPT-2,
              Llama and BERT (4 layers, tests/corpus configs), and Dim seq on the Llama of
-             fxprop/examples.py with meta parameters (Llama-3-70B sizes; 8, 32, 80 and 800 layers,
+             fxprop/examples/__init__.py with meta parameters (Llama-3-70B sizes; 8, 32, 80 and 800 layers,
              the last 53,629 nodes, ~2 min to export). ``fxprop.propagate(ep)`` (no inputs: the
              traced values) against ``FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*vals)``
              with the placeholders' ``meta["val"]`` in the program's own FakeTensorMode and ShapeEnv;

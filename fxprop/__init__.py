@@ -8,17 +8,17 @@
 """
 from . import rules  # noqa: F401  (registers the hand-written rules)
 from .devices import factories, host_values, indexing  # noqa: F401  (fill the table of device rules)
-from .cache import RuleCache, rule_cache
-from .engine import DEFAULT_FALLBACK_LIMIT_BYTES, Provenance, propagate, repropagate
+from .memo.cache import RuleCache, rule_cache
+from .engine.propagation import DEFAULT_FALLBACK_LIMIT_BYTES, Provenance, propagate, repropagate
 from .estimate import Estimate, estimate
 from .errors import (DataDependentError, DeviceMismatchError, FallbackLimitError, FxpropError, InputError,
                      InternalError, NodeError, PropagationError, RuleRegistrationError, UnsupportedError)
 from .kinds import Kind, Rule
-from .lookup import lookup
+from .resolve.lookup import lookup
 from .meshes import mesh_simulation, release_simulated_mesh, simulated_mesh
-from .pipelines import backend
-from .registry import registered_rules, rule, unregister
-from .specs import TensorSpec
+from .compile_backend import backend
+from .resolve.registry import registered_rules, rule, unregister
+from .engine.inputs import TensorSpec
 from .symbolic import shape_of
 
 __all__ = ["DEFAULT_FALLBACK_LIMIT_BYTES", "backend", "DataDependentError", "DeviceMismatchError", "Estimate", "FallbackLimitError",

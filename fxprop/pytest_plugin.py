@@ -51,7 +51,7 @@ class FxpropCheck:
 
     def register_rule(self, *targets: Any, name: str | None = None) -> Callable[[Callable], Callable]:
         """`fxprop.rule`, undone when the test ends."""
-        from .registry import rule
+        from .resolve.registry import rule
 
         def register(fn: Callable) -> Callable:
             rule(*targets, name=name)(fn)
@@ -60,7 +60,7 @@ class FxpropCheck:
         return register
 
     def close(self) -> None:
-        from .registry import unregister
+        from .resolve.registry import unregister
         while self._registered:
             unregister(self._registered.pop())
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fxprop import engine
+from fxprop.engine import propagation as engine
 from fxprop.testing import meta_devices_not_asked_for
 
 

@@ -483,7 +483,7 @@ def test_to_dict_and_json():
 
 
 def test_llama_70b_shape():
-    from fxprop.estimate import llama
+    from fxprop.examples import llama_70b as llama
     found = llama.figures(batch=1, seq=2048)
     assert found["parameters"] == 70_553_706_496 and found["nodes"] == 5146
     assert found["parameter_bytes"] == 2 * found["parameters"]
@@ -492,7 +492,7 @@ def test_llama_70b_shape():
 
 
 @pytest.mark.parametrize("module", ["fxprop.estimate", "fxprop.estimate.flops", "fxprop.estimate.sizes",
-                                    "fxprop.estimate.llama", "fxprop.cli.estimate_report"])
+                                    "fxprop.examples.llama_70b", "fxprop.cli.estimate_report"])
 def test_docstring_examples(module):
     import importlib
     found = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

@@ -851,7 +851,7 @@ assert len(OPS) >= 60, len(OPS)
 # an error fxprop may go on, so only the nodes before it are compared. Reviewed; one reason each.
 UNMODELED_REAL_ERRORS = {
     r"not implemented for '": "which dtypes a backend's kernels implement is asked of the CPU's own kernel for "
-                              "elementwise ops only (fxprop/kernel_dtypes.py); for other ops meta kernels accept "
+                              "elementwise ops only (fxprop/aten/host_dtypes.py); for other ops meta kernels accept "
                               "every dtype, and the answer differs per device (CPU vs CUDA)",
     r"without overflow": "whether a python scalar fits the tensor's dtype is checked by the compute kernels "
                          "only (a value check, not a shape check)",
@@ -873,7 +873,7 @@ UNMODELED_REAL_ERRORS = {
     r"more than one element of the written-to tensor refers to a single memory location"
     r"|some elements of the input tensor and the written-to tensor refer to a single memory location":
         "writes into self-overlapping (expanded) tensors, and inputs partially overlapping the output, are "
-        "refused as TensorIterator refuses them for elementwise ops and copy_ (fxprop/in_place.py), but not "
+        "refused as TensorIterator refuses them for elementwise ops and copy_ (fxprop/aten/in_place.py), but not "
         "for other kernels' own checks",
 }
 
@@ -1238,7 +1238,7 @@ def test_stack_of_an_elementwise_result_in_size_one_dims():
     """Finding (campaign seed 1796217672): the CPU lays out ``abs`` of a (1, 1, 2, 1) tensor with strides
     (2, 1, 1, 1) as (2, 2, 1, 1), torch's python meta kernels as (2, 1, 1, 1); stacking the two along a
     middle dim made the difference significant. Elementwise results now follow TensorIterator
-    (fxprop/layout.py)."""
+    (fxprop/aten/layout.py)."""
     from fxprop.testing import assert_matches_real
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

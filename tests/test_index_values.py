@@ -1,5 +1,5 @@
 """Index values known from arange: checked like real execution with concrete sizes, assumed with
-symbolic sizes (fxprop/index_values.py)."""
+symbolic sizes (fxprop/aten/index_values.py)."""
 from __future__ import annotations
 
 import operator

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import fxprop
 from fxprop.testing import significant_strides
-from fxprop.layout import _operand_arguments
+from fxprop.aten.layout import _operand_arguments
 
 aten = torch.ops.aten
 

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import fxprop
 from fxprop import examples
-from fxprop import resolution
+from fxprop.resolve import order as resolution
 
 CALLS = 1000
 RSS_GROWTH_LIMIT = 96 * 2**20

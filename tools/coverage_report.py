@@ -14,7 +14,7 @@ node needs the real-tensor fallback (or has no rule at all), for CI gates; 1 is 
 ``--model`` traces with torch.export, and where export cannot (a custom op without a fake kernel,
 control flow on tensor values) with fx.symbolic_trace, then dynamo; the summary's "trace" names
 the tracer used and "trace fallback" why the ones before it failed. Kinds come from
-`fxprop.lookup`, which asks the resolution the engine itself uses (`fxprop.resolution`), so the
+`fxprop.lookup`, which asks the resolution the engine itself uses (`fxprop.resolve.order`), so the
 report and the engine cannot disagree.
 The overload mode lists higher-order operators too: "unsupported" when fxprop has no rule for one.
 """
@@ -33,10 +33,10 @@ import torch
 
 import fxprop
 from fxprop import conformance
-from fxprop.report import describe_value, format_table
+from fxprop.cli.report import describe_value, format_table
 from fxprop import Kind, lookup
 from fxprop.cli.tracing import AUTO, TRACERS, TraceError, trace_model
-from fxprop.registry import target_name
+from fxprop.resolve.registry import target_name
 from fxprop.torch_compat import higher_order_ops
 
 KINDS = tuple(kind.value for kind in Kind)

@@ -15,7 +15,7 @@ from typing import Any
 import networkx as nx
 import torch.fx
 
-from ..report import describe_value, devices_of, module_path, op_text, source_text
+from .report import describe_value, devices_of, module_path, op_text, source_text
 
 KIND_COLOURS = {"plain": "#f3f3f3", "device": "#d9d2e9", "meta": "#d9ead3", "python": "#cfe2f3",
                 "decomposition": "#fff2cc", "fallback": "#f4cccc", "": "#eeeeee"}

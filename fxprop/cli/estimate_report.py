@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from ..estimate import Estimate
 from ..estimate.sizes import is_symbolic
-from ..report import format_table
+from .report import format_table
 from .module_spans import Span, label_at, module_spans
 
 PLOT_HINT = ("--live-bytes-plot (alias --estimate-svg) needs matplotlib, which is not installed: "

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from ..estimate import Estimate
-from ..report import SOURCE_HEADER, format_table, node_records, node_rows, summary_lines
+from .report import SOURCE_HEADER, format_table, node_records, node_rows, summary_lines
 from .estimate_report import estimate_lines
 
 SCHEMA_VERSION = 1

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from ..specs import TensorSpec
+from ..engine.inputs import TensorSpec
 
 
 class UsageError(Exception):

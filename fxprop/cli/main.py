@@ -14,10 +14,10 @@ from typing import Sequence
 import torch
 
 from .. import examples, torch_compat
-from ..engine import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
+from ..engine.propagation import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
 from ..errors import FxpropError
 from ..estimate import estimate
-from ..report import summarize
+from .report import summarize
 from . import drawing, estimate_report, module_spans
 from .formats import FORMATS, render
 from .loading import LoadError, Loaded, UsageError, from_callable, from_exported, parse_input_spec, trace_module

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch.fx
 
-from ..report import module_path
+from .report import module_path
 from .drawing import block_of
 
 _DYNAMO_ROOT = re.compile(r"^L\['self'\]\.?")

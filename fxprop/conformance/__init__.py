@@ -32,7 +32,7 @@ import torch
 from .. import torch_compat
 from ..torch_compat import FakeTensorMode, pytree
 
-from ..engine import propagate
+from ..engine.propagation import propagate
 from ..errors import PropagationError
 from ..testing import Mismatch, call_graph, compare_values, observe
 from .expected import EXPECTED_FAILURES, ExpectedFailure, expected_failures

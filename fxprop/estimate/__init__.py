@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..engine import propagate
+from ..engine.propagation import propagate
 from ..errors import InputError
 from ..torch_compat import OpOverload, pytree_codegen
 from .flops import EXTRA_FORMULAS, FORMULAS, FlopCounter

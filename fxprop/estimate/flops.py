@@ -5,7 +5,7 @@ call of a recurrent module (`recurrent_flops`). Any other node that may reach su
 torch-level call, a module, a composite aten op) is re-dispatched on meta tensors
 built from its inputs' annotations, under `CountingMode`, which applies the formulas to every
 aten op the call reaches, as `FlopCounterMode` does when the graph really runs. Module calls
-run on a copy whose parameters and buffers are meta tensors (`fxprop.modules.StateView`, as the
+run on a copy whose parameters and buffers are meta tensors (`fxprop.engine.module_state.StateView`, as the
 engine shadows modules).
 
 The formulas are torch's `flop_registry` plus the CPU kernels it misses (`EXTRA_FORMULAS`):
@@ -25,8 +25,8 @@ from torch.utils import flop_counter
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
                             functorch_unwrapped, is_composite_implicit, packet_of, pytree)
-from ..cache import Uncacheable, symbolic_signature
-from ..modules import StateView
+from ..memo.cache import Uncacheable, symbolic_signature
+from ..engine.module_state import StateView
 
 aten = torch.ops.aten
 

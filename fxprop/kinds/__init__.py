@@ -2,7 +2,7 @@
 
 How each kind runs lives beside this file: `meta` (torch's meta kernels, laid out as the
 real kernels lay results out), `decomposition` (torch._decomp), `fallback` (real tensors on
-the host). Which kind handles a call is decided in one place, `fxprop.resolution`.
+the host). Which kind handles a call is decided in one place, `fxprop.resolve.order`.
 """
 from __future__ import annotations
 

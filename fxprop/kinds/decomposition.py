@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import layout
-from ..blame import boundary
+from ..aten import layout
+from ..engine.blame import boundary
 from ..torch_compat import OpOverload, call_kernel
 
 

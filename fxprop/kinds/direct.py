@@ -7,7 +7,7 @@ kernels are torch's python references and decompositions: hundreds of microsecon
 milliseconds a call, each of their parts dispatched again. What they compute is simple: a
 broadcast shape, a promoted dtype, and the layout the real kernel gives (contiguous for the
 matrix products and layer norm; an elementwise result is laid out afterwards as TensorIterator
-lays it out, by `fxprop.layout.relayout`, as every elementwise result is). FakeTensorMode takes
+lays it out, by `fxprop.aten.layout.relayout`, as every elementwise result is). FakeTensorMode takes
 the same shortcut for the binary ops (``make_fast_binary_impl``).
 
 Only calls whose answer is plain take it: sizes equal or 1 without deciding anything, dtypes
@@ -94,7 +94,7 @@ def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple) -> tor
             not any(_same_sizes(tensor.shape, shape) for tensor in tensors) or not all(
                 known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format) for tensor in tensors)):
         return None
-    return torch.empty(shape, dtype=dtype, device="meta")  # static sizes: laid out by `fxprop.layout.relayout`
+    return torch.empty(shape, dtype=dtype, device="meta")  # static sizes: laid out by `fxprop.aten.layout.relayout`
 
 
 def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tuple) -> torch.dtype:

@@ -19,9 +19,9 @@ from typing import Any, Callable
 import torch
 
 from .. import symbolic
-from ..blame import boundary
+from ..engine.blame import boundary
 from ..errors import FallbackLimitError, PropagationError
-from ..known_values import KnownValues, has_no_values
+from ..engine.known_values import KnownValues, has_no_values
 from ..torch_compat import (OpOverload, has_kernel_for_dispatch_key, peak_allocated_bytes, pytree, schema_of,
                            storage_key)
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import layout
-from ..view_strides import as_aten_views
-from ..blame import boundary
+from ..aten import layout
+from ..aten.view_strides import as_aten_views
+from ..engine.blame import boundary
 from .direct import direct_result
-from ..in_place import check_writes_into_self
+from ..aten.in_place import check_writes_into_self
 from ..torch_compat import OpOverload
 
 

@@ -23,9 +23,9 @@
 | functional collectives (`_c10d_functional`: all_reduce, broadcast, wait_tensor, ...) | `collectives.py` |
 | higher-order ops (cond, while_loop, map, scan, autocast and grad-mode regions, ...) | `higher_order/` |
 
-Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolution`.
+Which rule handles a call, these or torch's own kernels, is decided by `fxprop.resolve.order`.
 """
-from ..registry import registered_rules, rule, target_name, unregister
+from ..resolve.registry import registered_rules, rule, target_name, unregister
 from . import (attention, collectives, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
                normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting,
                triangular, upsample)

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from .. import context, symbolic
+from ..engine import session as context
+from .. import symbolic
 from . import sdpa_backends
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import fused_sdp_choice
 
 aten = torch.ops.aten

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import PropagationError, UnsupportedError
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import check, distributed_available, register_collective_meta_kernels, register_dtensor_fake_kernels
 
 REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "unused"})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import context
-from ..blame import boundary
-from ..registry import rule
+from ..engine import session as context
+from ..engine.blame import boundary
+from ..resolve.registry import rule
 from ..torch_compat import (ConvBackend, check, conv_determine_backend_memory_format, select_conv_backend,
                            suggest_memory_format)
 

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from .. import context, symbolic
+from ..engine import session as context
+from .. import symbolic
 from ..errors import DataDependentError
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import check, scalar_type_name
 
 aten = torch.ops.aten

@@ -1,13 +1,13 @@
 """Elementwise ops whose meta kernels disagree with every real kernel.
 
-(How elementwise results are laid out is not a rule: `fxprop.layout` restrides every
+(How elementwise results are laid out is not a rule: `fxprop.aten.layout` restrides every
 elementwise meta result as TensorIterator would.)
 """
 from __future__ import annotations
 
 import torch
 
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import check
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import symbolic
-from ..registry import rule
+from ..resolve.registry import rule
 
 
 @rule(torch.manual_seed)

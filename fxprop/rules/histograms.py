@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import context
+from ..engine import session as context
 from ..errors import PropagationError
-from ..in_place import scalar_type_name
-from ..registry import rule
+from ..aten.in_place import scalar_type_name
+from ..resolve.registry import rule
 from ..torch_compat import check
 
 aten = torch.ops.aten

@@ -1,16 +1,16 @@
 """Indexing: where the real kernels check what the meta kernels do not, and boolean masks.
 
 (Which device index tensors may live on is a device rule: `fxprop.devices.indexing`; bounds
-on index values built with ``arange`` are checked by `fxprop.index_values`.)
+on index values built with ``arange`` are checked by `fxprop.aten.index_values`.)
 """
 from __future__ import annotations
 
 import torch
 
-from .. import context
+from ..engine import session as context
 from ..torch_compat import scalar_type_name
-from ..index_values import index_select_range_check
-from ..registry import rule
+from ..aten.index_values import index_select_range_check
+from ..resolve.registry import rule
 from ..torch_compat import check, check_index, meta_index_tensor
 from .data_dependent import known_values, nonzero
 from .reductions import wrap_dim

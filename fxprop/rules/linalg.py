@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import check
 
 aten = torch.ops.aten

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import context
-from ..registry import rule
+from ..engine import session as context
+from ..resolve.registry import rule
 from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import context
-from ..registry import rule
+from ..engine import session as context
+from ..resolve.registry import rule
 from ..torch_compat import check, suggest_memory_format
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ import torch
 
 from ..devices import META, device_of
 from ..errors import DeviceMismatchError, PropagationError
-from ..registry import rule
+from ..resolve.registry import rule
 
 aten = torch.ops.aten
 

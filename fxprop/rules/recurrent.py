@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import rule
+from ..resolve.registry import rule
 
 
 @rule(torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU)

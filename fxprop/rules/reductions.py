@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..torch_compat import scalar_type_name
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten

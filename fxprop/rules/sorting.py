@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import rule
+from ..resolve.registry import rule
 from ..torch_compat import check
 from .reductions import wrap_dim
 

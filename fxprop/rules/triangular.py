@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .. import symbolic
-from ..registry import rule
+from ..resolve.registry import rule
 
 aten = torch.ops.aten
 

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .. import context
-from ..registry import rule
+from ..engine import session as context
+from ..resolve.registry import rule
 from ..torch_compat import check
 
 aten = torch.ops.aten

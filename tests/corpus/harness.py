@@ -138,7 +138,7 @@ def export(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.exp
 def trace(model: torch.nn.Module, inputs: dict[str, torch.Tensor], how: str,
           program: torch.export.ExportedProgram | None = None) -> Traced:
     """``model`` called on ``inputs``, traced the way ``how`` names (one of `TRACES`)."""
-    from fxprop.exported import program_inputs
+    from fxprop.engine.exported import program_inputs
     args = list(inputs.values())
     if how == "export":
         ep = program if program is not None else export(model, inputs)
@@ -208,7 +208,7 @@ def _module_leaks(gm: torch.nn.Module, guarded: list) -> list[str]:
 def check_traced(traced: Traced, *, model: str = "?", trace_name: str = "?") -> Outcome:
     """Propagate ``traced``, run it for real, compare everything."""
     import fxprop
-    from fxprop.engine import Provenance
+    from fxprop.engine.propagation import Provenance
     from fxprop.testing import assert_no_side_effects, compare_nodes, compare_values, observe, real_value, \
         run_real_until_error
 

@@ -8,11 +8,12 @@ from typing import Any, Callable
 
 import torch
 
-from ... import context, symbolic
+from ...engine import session as context
+from ... import symbolic
 from ...devices import device_of, tag
 from ...errors import UnsupportedError
 from ...kinds import is_python_operator
-from ...registry import rule, target_name
+from ...resolve.registry import rule, target_name
 from ...torch_compat import (FakeTensor, FakeTensorMode, HigherOrderOperator, OpOverload, TorchDispatchMode,
                              autocast_region_calls, check, has_kernel_for_dispatch_key, is_composite_implicit, pytree,
                              without_ambient_modes)

@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import torch
 
-from ... import context, symbolic
+from ...engine import session as context
+from ... import symbolic
 from ...devices import device_of, tag
 from ...devices.transfers import Placement, tensors_in
 from ...torch_compat import check

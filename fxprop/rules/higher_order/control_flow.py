@@ -8,7 +8,7 @@ import torch
 from ... import symbolic
 from ...devices import device_of
 from ...errors import PropagationError
-from ...registry import rule
+from ...resolve.registry import rule
 from ...torch_compat import check, pytree
 from .common import (check_fixed_point, describe, fill_order, fresh, fresh_int, fresh_like, is_zero, stacked,
                      step_slice, through_autograd_function, walk)

@@ -7,11 +7,12 @@ from typing import Any, Callable
 
 import torch
 
-from ... import context, symbolic
+from ...engine import session as context
+from ... import symbolic
 from ...devices import default_device, device_of, place, tag
 from ...devices.transfers import tensors_in
 from ...errors import PropagationError, UnsupportedError
-from ...registry import python_rule, rule, target_name
+from ...resolve.registry import python_rule, rule, target_name
 from ...torch_compat import (HigherOrderOperator, OpOverload, auto_functionalized_kernels, check,
                              functionalized_hop_call, pytree, schema_of, storage_key)
 from .common import fresh

@@ -6,7 +6,7 @@ import torch
 
 from ... import symbolic
 from ...devices import device_of
-from ...registry import rule
+from ...resolve.registry import rule
 from ...torch_compat import check
 from .common import describe, fill_order, fresh, through_autograd_function, walk
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import rule
+from ...resolve.registry import rule
 from ...torch_compat import check, flat_apply_kernel
 from .common import describe, fresh_like, through_autograd_function, walk
 

@@ -26,27 +26,16 @@ from typing import Any
 
 import torch
 import torch.fx
-from .torch_compat import FakeTensor, is_opaque, pytree, version_counter
+from ..torch_compat import FakeTensor, pytree, version_counter
 
-from .containers import map_structure
-from .engine import propagate
-from .call_graphs import call_graph  # noqa: F401  (part of the kit: the one-node graphs check_rule builds)
-from .errors import FxpropError, PropagationError
-from .registry import target_name
-from .specs import TensorSpec
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """One field of one node where fxprop and real execution disagree."""
-    node: str
-    op: str
-    field: str
-    expected: Any
-    got: Any
-
-    def __str__(self) -> str:
-        return f"%{self.node} ({self.op}): {self.field} expected {self.expected}, got {self.got}"
+from ..engine.metadata import map_structure
+from ..engine.propagation import propagate
+from .mismatches import Mismatch, op_label, render_mismatches, shape_of
+from .traced import assert_matches_traced, compare_with_traced, traced_values  # noqa: F401  (part of the kit)
+from ..resolve.call_graphs import call_graph  # noqa: F401  (part of the kit: the one-node graphs check_rule builds)
+from ..errors import FxpropError, PropagationError
+from ..resolve.registry import target_name
+from ..engine.inputs import TensorSpec
 
 
 def real_value(value: Any, *, generator: torch.Generator | None = None) -> Any:
@@ -160,15 +149,9 @@ def compare_nodes(gm: torch.fx.GraphModule, observed: dict[str, Any], *, check_s
     for node in gm.graph.nodes:
         if node.op == "output" or node.name not in observed:
             continue
-        mismatches += compare_values(node.meta.get("val"), observed[node.name], node=node.name, op=_op_label(node),
+        mismatches += compare_values(node.meta.get("val"), observed[node.name], node=node.name, op=op_label(node),
                                      check_strides=check_strides, check_device=check_device)
     return mismatches
-
-
-def _op_label(node: torch.fx.Node) -> str:
-    if node.op in ("call_function", "call_method"):
-        return target_name(node.target)
-    return f"{node.op} {node.target}"
 
 
 def _compare(got, expected, out: list, node: str, op: str, check_strides: bool, check_device: bool,
@@ -195,7 +178,7 @@ def _compare(got, expected, out: list, node: str, op: str, check_strides: bool, 
         return
     if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            out.append(Mismatch(node, op, f"structure{path}", _shape_of(expected), _shape_of(got)))
+            out.append(Mismatch(node, op, f"structure{path}", shape_of(expected), shape_of(got)))
             return
         for i, (e, g) in enumerate(zip(expected, got)):
             _compare(g, e, out, node, op, check_strides, check_device, f"{path}[{i}]")
@@ -236,12 +219,6 @@ def significant_strides(shape: tuple, stride: tuple) -> tuple | None:
                  for size, st in zip(shape, stride))
 
 
-def _shape_of(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return f"{type(value).__name__} of {len(value)}"
-    return type(value).__name__
-
-
 def run_real(gm: torch.fx.GraphModule, *real_inputs: Any) -> dict[str, Any]:
     """Run a deep copy of ``gm`` for real and record every node's result's metadata."""
     recorder = _Recorder(copy.deepcopy(gm))
@@ -272,83 +249,6 @@ def assert_matches_real(gm: torch.fx.GraphModule, *inputs: Any, check_strides: b
     mismatches = compare_nodes(gm, observed, check_strides=check_strides, check_device=check_device)
     if mismatches:
         raise AssertionError(render_mismatches(mismatches))
-
-
-def traced_values(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """Each node's ``meta["val"]`` as the tracer left it, by node name (read before `propagate`
-    replaces it)."""
-    return {node.name: node.meta["val"] for node in gm.graph.nodes if "val" in node.meta}
-
-
-def compare_with_traced(gm: torch.fx.GraphModule, traced: dict[str, Any], *,
-                        check_strides: bool = True) -> list[Mismatch]:
-    """Compare each node's ``meta["val"]`` (fxprop's) with ``traced`` (`traced_values` of the
-    tracer's): shapes and strides entry by entry, symbolic ones as expressions, dtype, device,
-    ``requires_grad``, python values by equality and opaque objects (a DeviceMesh) as the same
-    object, AOT's FakeScriptObject standing for the object it wraps. A placeholder's
-    ``requires_grad`` is not compared: it is the input's as given (AOT hands its backward compiler
-    inputs that no longer require grad for placeholders it traced as requiring it)."""
-    mismatches: list[Mismatch] = []
-    for node in gm.graph.nodes:
-        if node.op != "output" and node.name in traced:
-            found: list[Mismatch] = []
-            _compare_traced(node.meta.get("val"), traced[node.name], found, node.name, _op_label(node),
-                            check_strides, "")
-            mismatches += [m for m in found if not (node.op == "placeholder" and m.field.startswith("requires_grad"))]
-    return mismatches
-
-
-def assert_matches_traced(gm: torch.fx.GraphModule, *inputs: Any, check_strides: bool = True,
-                          **options: Any) -> None:
-    """Propagate a graph its tracer annotated and assert every node matches the tracer's own
-    ``meta["val"]``. ``inputs`` are what the graph was traced with (AOT autograd's compilers and
-    dynamo's backends receive them as ``example_inputs``); ``options`` go to `fxprop.propagate`."""
-    traced = traced_values(gm)
-    propagate(gm, *inputs, **options)
-    mismatches = compare_with_traced(gm, traced, check_strides=check_strides)
-    if mismatches:
-        raise AssertionError(render_mismatches(mismatches).replace("real execution", "the tracer", 1))
-
-
-def _as_expressions(sizes: Any) -> tuple:
-    return tuple(str(size) for size in sizes)
-
-
-def _compare_traced(got: Any, expected: Any, out: list, node: str, op: str, check_strides: bool, path: str) -> None:
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(got, torch.Tensor):
-            out.append(Mismatch(node, op, f"value{path}", "a tensor", type(got).__name__))
-            return
-        fields = [("shape", _as_expressions(expected.shape), _as_expressions(got.shape)),
-                  ("dtype", expected.dtype, got.dtype), ("device", expected.device, got.device),
-                  ("requires_grad", expected.requires_grad, got.requires_grad)]
-        if check_strides and expected.layout is torch.strided and got.layout is torch.strided:
-            fields.append(("stride", _as_expressions(expected.stride()), _as_expressions(got.stride())))
-        out.extend(Mismatch(node, op, f"{name}{path}", want, have) for name, want, have in fields if want != have)
-        return
-    if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
-        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            out.append(Mismatch(node, op, f"structure{path}", _shape_of(expected), _shape_of(got)))
-            return
-        for i, (e, g) in enumerate(zip(expected, got)):
-            _compare_traced(g, e, out, node, op, check_strides, f"{path}[{i}]")
-        return
-    if is_opaque(expected):
-        if not (got is expected or (is_opaque(got) and expected == got)):
-            out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
-        return
-    if isinstance(expected, (torch.SymInt, torch.SymFloat, torch.SymBool)) or \
-            isinstance(got, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        if str(expected) != str(got):
-            out.append(Mismatch(node, op, f"value{path}", str(expected), str(got)))
-        return
-    if expected is not None and (type(expected) is not type(got) or expected != got):
-        out.append(Mismatch(node, op, f"value{path}", repr(expected), repr(got)))
-
-
-def render_mismatches(mismatches: list[Mismatch]) -> str:
-    return ("fxprop disagrees with real execution on "
-            f"{len(mismatches)} value(s):\n" + "\n".join(f"  {m}" for m in mismatches))
 
 
 def check_rule(target: Any, *sample_args: Any, check_strides: bool = True, **kwargs: Any) -> Any:

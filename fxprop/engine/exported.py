@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
-from .symbolic import program_range
-from .torch_compat import FakeTensor, pytree
+from ..errors import InputError
+from ..symbolic import program_range
+from ..torch_compat import FakeTensor, pytree
 
 
 def program_inputs(program: torch.export.ExportedProgram, inputs: tuple) -> list:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from .torch_compat import storage_key, version_counter
+from ..torch_compat import storage_key, version_counter
 
 
 class _Known(NamedTuple):

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .context import node_device
-from .kinds.direct import direct_result
-from .torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
-                           overload_name, pytree, scalar_type_name, schema_of, storage_key)
+from ..engine.session import node_device
+from ..kinds.direct import direct_result
+from ..torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
+                            overload_name, pytree, scalar_type_name, schema_of, storage_key)
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")

@@ -37,15 +37,17 @@ from typing import Any
 
 import torch
 
-from . import context, registry, symbolic
-from .devices import TRANSFERS, Placement, place
-from .devices.transfers import tensors_in
-from .known_values import has_no_values
-from .kinds import Kind, Rule, is_python_operator
+from ..engine import session as context
+from . import registry
+from .. import symbolic
+from ..devices import TRANSFERS, Placement, place
+from ..devices.transfers import tensors_in
+from ..engine.known_values import has_no_values
+from ..kinds import Kind, Rule, is_python_operator
 from .registry import target_name
-from .torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                           decomposition_table, has_kernel, is_composite_implicit, overload_for_call, pytree,
-                           registered_fake, schema_of)
+from ..torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
+                            decomposition_table, has_kernel, is_composite_implicit, overload_for_call, pytree,
+                            registered_fake, schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})

@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import torch
 
-from .kinds import Kind, costlier
+from ..kinds import Kind, costlier
 from .known_values import KnownValues
-from .torch_compat import _disable_current_modes
+from ..torch_compat import _disable_current_modes
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from . import symbolic
-from .torch_compat import DATA_DEPENDENT_ERRORS
+from .. import symbolic
+from ..torch_compat import DATA_DEPENDENT_ERRORS
 
 aten = torch.ops.aten
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})

@@ -22,11 +22,11 @@ from typing import Any, Hashable
 import torch
 from torch import nn
 
-from .cache import Uncacheable, signature
-from .devices import normalize_device, tag
-from .errors import UnsupportedError
-from .specs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like
-from .torch_compat import own_state, version_counter
+from ..memo.cache import Uncacheable, signature
+from ..devices import normalize_device, tag
+from ..errors import UnsupportedError
+from .inputs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like
+from ..torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
 

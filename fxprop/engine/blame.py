@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from . import registry, torch_compat
-from .errors import DataDependentError, FxpropError, InternalError, NodeError, PropagationError, UnsupportedError
+from ..resolve import registry
+from .. import torch_compat
+from ..errors import DataDependentError, FxpropError, InternalError, NodeError, PropagationError, UnsupportedError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch_compat.torch.__file__))

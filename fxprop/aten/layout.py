@@ -16,10 +16,10 @@ from numbers import Number
 from typing import Any, Sequence
 
 import torch
-from . import context
-from .torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes, suggest_memory_format,
-                           is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
-                           make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
+from ..engine import session as context
+from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes, suggest_memory_format,
+                            is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
+                            make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
 # add.Scalar(self, other), eq.Scalar(self, other) or special_zeta.self_scalar(self, other) --

@@ -4,7 +4,7 @@ Everything here only reads ``node.meta`` and ``gm.meta["fxprop"]``; the command 
 (`fxprop.cli`) renders it as a table, JSON, Markdown or a picture.
 
 >>> import torch, fxprop
->>> from fxprop.report import node_records, summarize
+>>> from fxprop.cli.report import node_records, summarize
 >>> gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 2))
 >>> _ = fxprop.propagate(gm, fxprop.TensorSpec((3, 4)))
 >>> [(r["name"], r["kind"], r["outputs"][0]["shape"]) for r in node_records(gm) if r["op"] != "get_attr"]
@@ -20,10 +20,10 @@ from typing import Any, Iterable
 
 import torch
 
-from .source import source_location
-from .symbolic import user_shape
+from ..engine.source import source_location
+from ..symbolic import user_shape
 import torch.fx
-from .torch_compat import pytree
+from ..torch_compat import pytree
 
 NODE_HEADER = ("node", "op", "rule kind", "shape", "dtype", "device")
 SOURCE_HEADER = (*NODE_HEADER, "source")

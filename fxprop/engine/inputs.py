@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from .torch_compat import FakeTensor, is_opaque
+from ..torch_compat import FakeTensor, is_opaque
 
-from . import symbolic
-from .devices import device_of, normalize_device, tag
-from .errors import InputError
+from .. import symbolic
+from ..devices import device_of, normalize_device, tag
+from ..errors import InputError
 from .known_values import KnownValues
 
 
@@ -127,7 +127,7 @@ def traced_example(placeholder: torch.fx.Node, value: Any) -> Any:
 
 
 def _is_symbolic_spec(value: Any) -> bool:
-    from .specs import TensorSpec
+    from .inputs import TensorSpec
     return isinstance(value, TensorSpec) and any(type(dim) is not int for dim in value.shape)
 
 

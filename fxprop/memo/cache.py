@@ -3,7 +3,7 @@
 A key holds the call's target and a signature of every argument -- for tensors the shape,
 strides, storage offset, dtype, logical device, ``requires_grad``, whether it is a leaf and
 its conj/neg bits; for python values their type and value -- and the environment the rules
-read (`fxprop.backend_flags`: grad mode, default dtype, the oneDNN, cuDNN and SDPA backend
+read (`fxprop.memo.backend_flags`: grad mode, default dtype, the oneDNN, cuDNN and SDPA backend
 flags), the default device and the rule registry's generation. Calls that mutate (in-place ops, ``out=``,
 ``inplace=True``), calls with side effects, calls on inputs whose values are known (a rule
 may read them) and calls by targets the user defined (a cache entry would keep them alive)
@@ -24,12 +24,12 @@ from typing import Any, Hashable
 
 import torch
 
-from .devices import device_of, tag
-from .devices.transfers import tensors_in
-from .errors import FallbackLimitError
-from .torch_compat import (DelayedError, OpOverload, OpOverloadPacket, allocations_measurable,
-                           autograd_restricts_in_place, functorch_depth, is_view, schema_of, set_grad_enabled_op,
-                           storage_key, view_base)
+from ..devices import device_of, tag
+from ..devices.transfers import tensors_in
+from ..errors import FallbackLimitError
+from ..torch_compat import (DelayedError, OpOverload, OpOverloadPacket, allocations_measurable,
+                            autograd_restricts_in_place, functorch_depth, is_view, schema_of, set_grad_enabled_op,
+                            storage_key, view_base)
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
 
@@ -152,7 +152,7 @@ class RuleCache:
 
     def __init__(self, max_entries: int = 8192):
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            from .errors import InputError
+            from ..errors import InputError
             raise InputError(f"RuleCache max_entries must be a positive int, got {max_entries!r}")
         self.max_entries = max_entries
         self._entries: dict[Hashable, Any] = {}

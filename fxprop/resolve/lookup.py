@@ -6,14 +6,14 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import symbolic
+from .. import symbolic
 from .call_graphs import call_graph
-from .context import Session, swap_session
-from .engine import propagate
-from .kinds import Rule
-from .resolution import resolve_call, static_rule
-from .specs import to_internal
-from .torch_compat import HigherOrderOperator, without_ambient_modes
+from ..engine.session import Session, swap_session
+from ..engine.propagation import propagate
+from ..kinds import Rule
+from .order import resolve_call, static_rule
+from ..engine.inputs import to_internal
+from ..torch_compat import HigherOrderOperator, without_ambient_modes
 
 
 def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:

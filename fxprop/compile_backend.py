@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from .engine import propagate
+from .engine.propagation import propagate
 from .errors import InputError
 from .torch_compat import lookup_compile_backend
 

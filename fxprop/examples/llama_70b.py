@@ -1,6 +1,6 @@
 """Llama-3-70B-shaped figures: parameter bytes, activation peak and FLOPs per token, from meta parameters.
 
-    python -m fxprop.estimate.llama --batch 1 --seq 8192          # bf16 on cuda:0, 80 layers
+    python -m fxprop.examples.llama_70b --batch 1 --seq 8192          # bf16 on cuda:0, 80 layers
 
 `fxprop.examples.Llama` already has the 70B shape by default (80 layers, d_model 8192, 64 heads,
 8 KV heads, FFN 28672, vocab 128256). `BF16Llama` only casts the rotary tables to the

@@ -15,7 +15,7 @@ import operator
 from typing import Any, Callable, NamedTuple
 
 import torch
-from .torch_compat import check, check_index, statically_known_true, version_counter
+from ..torch_compat import check, check_index, statically_known_true, version_counter
 
 aten = torch.ops.aten
 

@@ -6,16 +6,16 @@ Registration reads like the op's signature::
     def scale(x, factor):
         return torch.empty_like(x)
 
-Which rule handles a call is decided by `fxprop.resolution`, which reads this table first.
+Which rule handles a call is decided by `fxprop.resolve.order`, which reads this table first.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any, Callable
 
-from .errors import RuleRegistrationError
-from .kinds import Kind, Rule
-from .torch_compat import OpOverload, OpOverloadPacket
+from ..errors import RuleRegistrationError
+from ..kinds import Kind, Rule
+from ..torch_compat import OpOverload, OpOverloadPacket
 
 _python_rules: dict[Any, Rule] = {}
 _lock = threading.Lock()

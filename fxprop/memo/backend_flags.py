@@ -9,7 +9,7 @@ from typing import Hashable
 
 import torch
 
-from .torch_compat import sdp_priority_order
+from ..torch_compat import sdp_priority_order
 
 
 def sdpa_backends() -> tuple[bool, bool, bool, bool]:

@@ -1,7 +1,7 @@
 """Running ops on meta tensors with fxprop's rules in charge of every aten op they reach.
 
 `RuleDispatch` is a TorchDispatchMode: autograd runs above it (so ``requires_grad`` comes out
-as torch computes it), and each aten op that arrives is resolved by `fxprop.resolution.resolve`
+as torch computes it), and each aten op that arrives is resolved by `fxprop.resolve.order.resolve`
 and run by its kind. Rules whose own ops must be resolved again (python rules,
 decompositions, composite kernels) run with the mode re-entered, one level deeper; the
 node's record notes the kinds of the ops reached at the top level (a composite's parts) and
@@ -14,21 +14,21 @@ from typing import Any
 
 import torch
 
-from . import symbolic
-from .context import Session
-from . import context
-from .devices import META, merge_devices, tag
-from .devices.transfers import tensors_in
-from .errors import UnsupportedError
-from .kernel_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
-from .in_place import written_arguments
-from .kinds import Kind, Rule
-from .kinds.decomposition import run_composite_kernel, run_decomposition
-from .kinds.fallback import refuse_without_kernel_for, run_on_host
-from .kinds.meta import run_meta
-from .resolution import resolve
-from .specs import to_internal
-from .torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode, schema_of
+from .. import symbolic
+from .session import Session
+from . import session as context
+from ..devices import META, merge_devices, tag
+from ..devices.transfers import tensors_in
+from ..errors import UnsupportedError
+from ..aten.host_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
+from ..aten.in_place import written_arguments
+from ..kinds import Kind, Rule
+from ..kinds.decomposition import run_composite_kernel, run_decomposition
+from ..kinds.fallback import refuse_without_kernel_for, run_on_host
+from ..kinds.meta import run_meta
+from ..resolve.order import resolve
+from .inputs import to_internal
+from ..torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode, schema_of
 
 
 class RuleDispatch(TorchDispatchMode):

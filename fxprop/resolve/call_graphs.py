@@ -7,8 +7,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from .specs import TensorSpec
-from .torch_compat import pytree
+from ..engine.inputs import TensorSpec
+from ..torch_compat import pytree
 
 
 def call_graph(target: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphModule, list[Any]]:

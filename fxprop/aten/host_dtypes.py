@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from . import context, symbolic
-from .errors import PropagationError
+from ..engine import session as context
+from .. import symbolic
+from ..errors import PropagationError
 from .in_place import is_elementwise, written_arguments
-from .torch_compat import OpOverload, pytree
+from ..torch_compat import OpOverload, pytree
 
 _ANSWER_LIMIT = 8192
 _answers: dict[tuple, tuple[type, str] | None] = {}

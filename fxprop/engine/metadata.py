@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from .symbolic import known_laid_out_in
-from .torch_compat import FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr
+from ..symbolic import known_laid_out_in
+from ..torch_compat import FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
