@@ -47,6 +47,14 @@ def has_kernel(op_name: str, dispatch_key: str) -> bool:
         return False
 
 
+def global_module_hooks_registered() -> bool:
+    """Whether hooks that run around every module call are registered (``register_module_forward_hook``
+    and its siblings): a module's result then depends on more than the module and its inputs."""
+    from torch.nn.modules import module
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks or module._global_backward_hooks
+                or module._global_backward_pre_hooks or module._global_forward_hooks_always_called)
+
+
 @functools.lru_cache(maxsize=None)
 def scalar_type_name(dtype: torch.dtype) -> str:
     """The dtype as ATen's messages name it (``Float``, ``Long``, ``ComplexFloat``), read from

@@ -60,7 +60,7 @@ def test_demo_prints_both_models_and_a_summary():
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "GPT-2-style transformer" in out and "ResNet-style CNN" in out
-    assert re.search(r"^lm_head\s+call_module:lm_head\s+python\s+\(2, 16, 512\)\s+float32\s+cpu\s+examples\.py:\d+",
+    assert re.search(r"^lm_head\s+call_module:lm_head\s+python\s+\(2, 16, 512\)\s+float32\s+cpu\s+models\.py:\d+",
                      out, re.M)
     assert out.count("summary") == 2 and "device transfers: 0" in out and "fallback: 0 nodes" in out
 

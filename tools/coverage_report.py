@@ -291,7 +291,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
             report = all_ops_report()
     except (fxprop.FxpropError, KeyError, TraceError) as error:
         err.write(f"coverage_report: {error}\n")
-        return EXIT_ERROR
+        no_rule = (isinstance(error, fxprop.UnsupportedError)
+                   and not isinstance(error, (fxprop.DataDependentError, fxprop.FallbackLimitError)))
+        return EXIT_FALLBACK if args.fail_on_fallback and no_rule else EXIT_ERROR
     kinds = report.kinds()
     if args.kind:
         if report.kind_column is None:

@@ -46,6 +46,12 @@ def have_matplotlib() -> bool:
     return True
 
 
+def plot_formats() -> set[str]:
+    """The file extensions matplotlib writes (svg, png, pdf, ...)."""
+    from matplotlib.figure import Figure
+    return set(Figure().canvas.get_supported_filetypes())
+
+
 def size_text(size: Any) -> str:
     """Bytes, readable: ``1,536 B``, ``12.50 MiB``; an expression in bytes: ``(64*B + 512) bytes``."""
     if is_symbolic(size):

@@ -101,6 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unwritable_outputs(args: argparse.Namespace) -> str | None:
+    """Why a file the command would write at the end cannot be written, said before any work."""
+    for option in ("dot", "svg", "live_bytes_plot"):
+        path = getattr(args, option, None)
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            return f"--{option.replace('_', '-')} {path}: the folder {folder} does not exist"
+        if option == "live_bytes_plot":
+            extension = os.path.splitext(path)[1].lstrip(".").lower()
+            formats = estimate_report.plot_formats()
+            if extension not in formats:
+                return (f"--live-bytes-plot {path}: matplotlib writes no {extension or 'extensionless'!r} files; "
+                        f"give one of {', '.join(sorted(formats))}")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -110,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "live_bytes_plot", None) and not estimate_report.have_matplotlib():
         print(f"fxprop: error: {estimate_report.PLOT_HINT}", file=sys.stderr)
         return EXIT_ERROR
+    unwritable = _unwritable_outputs(args)
+    if unwritable:
+        print(f"fxprop: error: {unwritable}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return demo(args) if args.command == "demo" else run(args)
     except UsageError as error:

@@ -7,8 +7,11 @@ The tracers, in the order `trace_model` tries them:
 - ``symbolic``: `torch.fx.symbolic_trace`, one torch-level graph. It runs no op at all, so ops
   without a fake kernel trace; control flow on tensor values does not.
 - ``dynamo``: `torch.compile` with a backend that keeps each graph it is handed, torch-level.
-  The model runs once for real; python control flow on tensor values splits it into several
-  graphs (graph breaks), and the code between them runs eagerly, in no graph.
+  A copy of the model runs once for real (its buffers, not the model's, are updated; what its
+  forward does to the world outside the module happens); python control flow on tensor values
+  splits it into several graphs (graph breaks), and the code between them runs eagerly, in no
+  graph. Dynamo's compiled state is reset before and after, so other compiled code in the
+  process compiles again on its next call.
 
 >>> import torch
 >>> traced = trace_model(torch.nn.Linear(2, 3), (torch.ones(1, 2),), ("symbolic",))
@@ -18,6 +21,8 @@ The tracers, in the order `trace_model` tries them:
 from __future__ import annotations
 
 import contextlib
+import copy
+import inspect
 import io
 import sys
 from dataclasses import dataclass, field
@@ -56,6 +61,10 @@ class Traced:
 
 def trace_model(model: torch.nn.Module, inputs: tuple, tracers: Sequence[str] = AUTO) -> Traced:
     """Trace with each of ``tracers`` in turn until one succeeds; `TraceError` when none does."""
+    try:
+        inspect.signature(model.forward).bind(*inputs)
+    except TypeError as error:  # symbolic_trace would bind the inputs by position regardless
+        raise TraceError(f"{type(model).__name__} cannot be called with these inputs: {error}") from None
     failures: list[tuple[str, str]] = []
     for tracer in tracers:
         try:
@@ -99,7 +108,7 @@ def dynamo_graphs(model: torch.nn.Module, inputs: tuple) -> list[tuple[torch.fx.
 
     torch_compat.reset_dynamo()  # a cached compilation of the same code would not call this backend again
     try:
-        torch.compile(model, backend=keep)(*inputs)
+        torch.compile(copy.deepcopy(model), backend=keep)(*inputs)  # a copy: the run updates buffers
     finally:
         torch_compat.reset_dynamo()  # nothing compiled here outlives the capture
     if not captured:

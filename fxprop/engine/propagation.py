@@ -383,6 +383,8 @@ class Propagation:
         symbolic_call = self.symbols.active
         if symbolic_call:
             cache = self.symbolic_memo  # expressions name this propagation's symbols: never shared beyond it
+        if op == "call_module" and torch_compat.global_module_hooks_registered():
+            return None  # hooks every module call runs (nn.modules.module.register_module_forward_hook)
         real_values = self.session.real_values
         if real_values and any(t in real_values for t in tensors_in(args, kwargs)):
             return None  # a rule may read the values, which the key does not hold

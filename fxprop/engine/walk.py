@@ -58,18 +58,30 @@ class GraphWalk:
         self.dirty = dirty
         self.progress = progress
         self.env: dict[torch.fx.Node, Any] = {}
+        self.passed: set[torch.fx.Node] = set()  # the nodes the walk has gone past, in graph order
+        self.output_node: torch.fx.Node | None = None
         self.output_value: Any = None
 
     def run(self, inputs: list) -> Any:
+        """Propagate every node in graph order, as the graph's generated code runs them: its
+        placeholders bind the inputs first (they are the code's parameters, wherever they stand),
+        and the first output returns (nodes after it never run)."""
         self.remaining = iter(inputs)
         nodes = self.gm.graph.nodes
         total = len(nodes)
+        for node in self.gm.graph.find_nodes(op="placeholder"):
+            if self.dirty is None or node in self.dirty:
+                self.run_node(node)
+            self.passed.add(node)
         for index, node in enumerate(nodes):
             if self.progress is not None:
                 self.progress(index, total)
-            if self.dirty is not None and node not in self.dirty:
-                continue
-            self.run_node(node)
+            if node.op != "placeholder" and (self.dirty is None or node in self.dirty):
+                self.run_node(node)
+            self.passed.add(node)
+            if node.op == "output":
+                self.output_node = node
+                break
         if self.progress is not None:
             self.progress(total, total)
         return self.staged_output()
@@ -161,7 +173,9 @@ class GraphWalk:
                     raise PropagationError(f"node %{node.name} belongs to another graph (copy nodes with "
                                            "Graph.node_copy(node, arg_transform) to map their arguments)",
                                            error_type=RuntimeError)
-                if not (self.dirty is not None and "val" in node.meta):
+                # re-propagating: an untouched node that came before keeps its annotation
+                if not (self.dirty is not None and node in self.passed and node not in self.dirty
+                        and "val" in node.meta):
                     raise PropagationError(f"node %{node.name} is used before it is defined", error_type=NameError)
                 self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
                 known = self.gm.meta.get(KNOWN_INPUTS, {}).get(node.name) if node.op == "placeholder" else None
@@ -276,11 +290,10 @@ class GraphWalk:
         self.propagation.staged[node] = (fake, tensor_meta, type(value), provenance)
 
     def staged_output(self) -> Any:
-        outputs = [node for node in self.gm.graph.nodes if node.op == "output"]
-        if not outputs:
+        if self.output_node is None:
             return None
-        staged = self.propagation.staged.get(outputs[-1])
-        return staged[0] if staged is not None else outputs[-1].meta.get("val")
+        staged = self.propagation.staged.get(self.output_node)
+        return staged[0] if staged is not None else self.output_node.meta.get("val")
 
     def placed(self, node: torch.fx.Node, error: NodeError) -> NodeError:
         inputs = tuple(_describe_inputs(self.load_for_error(node.args), self.load_for_error(node.kwargs)))

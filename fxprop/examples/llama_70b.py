@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import examples
+from . import models as examples
 
 LLAMA_3_70B = examples.LlamaConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                                    ffn_dim=28672)

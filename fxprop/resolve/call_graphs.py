@@ -27,7 +27,8 @@ def call_graph(target: Any, args: tuple, kwargs: dict) -> tuple[torch.fx.GraphMo
             tensors.append(value)
             return graph.placeholder(f"t{len(tensors) - 1}")
         if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-            return type(value)(lift(v) for v in value) if not hasattr(value, "_fields") else tuple(lift(v) for v in value)
+            lifted = [lift(v) for v in value]
+            return type(value)(*lifted) if hasattr(value, "_fields") else type(value)(lifted)
         if isinstance(value, dict):
             return {k: lift(v) for k, v in value.items()}
         return value

@@ -102,10 +102,16 @@ def _parse(text: str, shape: tuple) -> sympy.Expr:
                 raise refuse(f"an exponent must be an integer from 0 to {_MAX_EXPONENT}")
             return build(node.left) ** exponent.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](build(node.left), build(node.right))
+            left, right = build(node.left), build(node.right)
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right.is_zero:
+                raise refuse("it divides by zero")
+            return _OPERATORS[type(node.op)](left, right)
         raise refuse(f"{type(node).__name__} is not allowed")
 
-    return build(tree.body)
+    expression = build(tree.body)
+    if expression.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo):
+        raise refuse("it divides by zero")
+    return expression
 
 
 def _as_user_symbol(symbol: sympy.Symbol) -> sympy.Symbol:
