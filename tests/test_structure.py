@@ -211,3 +211,10 @@ def test_a_rule_module_imports_neither_the_engine_nor_the_package():
     for name in graph:
         if name.startswith("fxprop.rules."):
             assert not {"fxprop.engine.propagation", "fxprop.engine.walk", "fxprop.engine.dispatch", "fxprop.resolve.order"} & set(graph.successors(name)), name
+
+
+def test_the_architecture_page_names_every_package_and_top_level_module():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    tree = {f"fxprop/{path.name}/" for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    tree |= {f"fxprop/{path.name}" for path in PACKAGE.glob("*.py")}
+    assert {entry for entry in tree if f"`{entry}`" not in page} == set()
