@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import torch
 import torch._meta_registrations as _meta_registrations
+
+from . import ambient
 import torch._prims_common as _prims_common
 from torch._prims_common import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes,  # noqa: F401
                                  is_contiguous_for_memory_format_or_false)
@@ -176,27 +178,25 @@ def registered_fake(op: OpOverload) -> bool:
 _torch_device_hint = _meta_registrations.device_hint
 _installed = False
 _install_lock = threading.Lock()
-_node_device = None  # set by install_patches: () -> the logical device of the node being propagated
 
 
 def _device_hint(tensor) -> str:
     """torch's meta kernels choose some layouts by asking the device of a tensor, which is "cuda"
     for every plain meta tensor; while fxprop propagates a node, the node's logical device answers."""
     if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta" and not isinstance(tensor, FakeTensor):
-        device = _node_device() if _node_device is not None else None
+        device = ambient.node_device()
         if device is not None and device.type != "meta":
             return device.type
     return _torch_device_hint(tensor)
 
 
-def install_patches(node_device) -> None:
-    """Install the device hint once per process; ``node_device()`` names the node's logical device."""
-    global _installed, _node_device
+def install_patches() -> None:
+    """Install the device hint once per process (it reads the node's device from `fxprop.ambient`)."""
+    global _installed
     if _installed:
         return
     with _install_lock:
         if not _installed:
-            _node_device = node_device
             _meta_registrations.device_hint = _device_hint
             _installed = True
 

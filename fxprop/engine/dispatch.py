@@ -130,6 +130,18 @@ class RuleDispatch(TorchDispatchMode):
             return run_decomposition(func, rule.fn, args, kwargs)
 
     @contextlib.contextmanager
+    def outermost(self):
+        """A frame of its own for a subgraph's nodes, run while a higher-order op's node runs: each
+        enters the dispatch afresh, at depth 0, with nothing in progress; the outer frame comes back after."""
+        saved = (self.depth, self.noted_depth, self.in_progress, self.pushed)
+        self.depth = self.noted_depth = 0
+        self.in_progress = ()
+        try:
+            yield
+        finally:
+            self.depth, self.noted_depth, self.in_progress, self.pushed = saved
+
+    @contextlib.contextmanager
     def running(self, target: Any, composite: bool = False):
         """Run a rule whose own ops are resolved again: one level deeper, ``target`` in progress. The
         parts of a composite the node reached directly count towards the node's kind."""

@@ -26,12 +26,12 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 import torch.fx
 
-from .. import symbolic, torch_compat
+from .. import ambient, symbolic, torch_compat
 from ..memo.backend_flags import environment
 from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, is_pure, may_differentiate, rule_cache,
                           symbolic_signature, verify_by_default)
 from .metadata import FakeTensorFactory
-from .session import Session, swap_session
+from .session import Session
 from ..devices import default_device_if_set, logical_default_device
 from ..devices.transfers import tensors_in
 from .dispatch import RuleDispatch
@@ -300,15 +300,14 @@ class Propagation:
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
-        torch_compat.install_patches(_node_device_of_current_session)
+        torch_compat.install_patches()
         self.default_device = default_device_if_set()  # None (unset) and a set "cpu" differ for torch.tensor
         self.environment = (environment(), None, None)  # the flags now, the enclosing frame, its context
-        outer = swap_session(self.session)
         grad_enabled, default_dtype = torch.is_grad_enabled(), torch.get_default_dtype()
         autograd_modes = torch_compat.autograd_modes(self.gm)
         failed = True
         try:
-            with logical_default_device():
+            with logical_default_device(), ambient.entered(session=self.session):
                 output = walk()
             failed = False
         finally:
@@ -317,7 +316,6 @@ class Propagation:
             torch_compat.restore_autograd_modes(autograd_modes, failed)
             torch.set_grad_enabled(grad_enabled)
             torch.set_default_dtype(default_dtype)
-            swap_session(outer)
         if self.symbols.active:
             self.symbols.adopt(self.staged)
         self.commit()
@@ -340,23 +338,25 @@ class Propagation:
         subgraphs it calls) in place of ``compute(args, kwargs)``; both return (value, provenance).
         Returns the subgraph's output as the walk's own values (meta tensors), to compute on.
         """
-        mode, session = self.mode, self.session
-        saved = (session.record, mode.depth, mode.noted_depth, mode.in_progress, mode.pushed, self.environment,
-                 self.around)
-        mode.depth = mode.noted_depth = 0
-        mode.in_progress = ()
+        walk = GraphWalk(self, gm, None)
+        with self.mode.outermost(), self.calling_frame(context, around), torch_compat.without_ambient_modes():
+            walk.run(list(inputs))  # each node enters fxprop's dispatch afresh, as a node of its own
+        self.session.record.fallback_bytes += sum(self.staged[node][3].fallback_bytes for node in walk.env)
+        return walk.output_value
+
+    @contextlib.contextmanager
+    def calling_frame(self, context: Hashable, around: Callable | None):
+        """The calling node's record, the memo's environment and ``around`` while a subgraph runs
+        inside a node: the subgraph's nodes keep records of their own, are memoized apart by
+        ``context``, and compute through ``around`` when given; the caller's come back after."""
+        saved = (self.session.record, self.environment, self.around)
         self.environment = (environment(), self.environment, context)
         if around is not None:
             self.around = around
-        walk = GraphWalk(self, gm, None)
         try:
-            with torch_compat.without_ambient_modes():  # each node enters fxprop's dispatch afresh
-                walk.run(list(inputs))
+            yield
         finally:
-            (session.record, mode.depth, mode.noted_depth, mode.in_progress, mode.pushed, self.environment,
-             self.around) = saved
-        session.record.fallback_bytes += sum(self.staged[node][3].fallback_bytes for node in walk.env)
-        return walk.output_value
+            self.session.record, self.environment, self.around = saved
 
     def open_region(self, context: Hashable, around: Callable, on_close: Callable[[], None]) -> None:
         """The nodes from here until `close_region` run inside a region a node opened (an
@@ -417,8 +417,3 @@ class Propagation:
         memo = self.options.memo
         summary.update({"kinds": kinds, "fallback_bytes": fallback_bytes,
                         "cache": memo.stats() if memo is not None else None})
-
-
-def _node_device_of_current_session():
-    from .session import node_device
-    return node_device()

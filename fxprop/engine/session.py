@@ -1,12 +1,12 @@
 """The state of the `propagate` call in progress, for the rules that need to consult it."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from .. import ambient
 from ..kinds import Kind, costlier
 from .known_values import KnownValues
 from ..torch_compat import _disable_current_modes
@@ -36,24 +36,14 @@ class Session:
     close_region: Callable[[], None] | None = None  # ... until the region is closed
 
 
-_local = threading.local()
-
-
-def swap_session(session: Session | None) -> Session | None:
-    """Make ``session`` current for this thread; returns the one it replaces."""
-    previous = current_session()
-    _local.session = session
-    return previous
-
-
 def current_session() -> Session | None:
-    return getattr(_local, "session", None)
+    """The session of the call in progress (`fxprop.ambient`), for the rules that consult it."""
+    return ambient.session()
 
 
 def node_device() -> torch.device | None:
     """The logical device of the node being propagated, for rules whose result depends on it."""
-    session = current_session()
-    return session.record.device if session is not None else None
+    return ambient.node_device()
 
 
 def on_host():

@@ -6,9 +6,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from .. import symbolic
+from .. import ambient, symbolic
 from .call_graphs import call_graph
-from ..engine.session import Session, swap_session
+from ..engine.session import Session
 from ..engine.propagation import propagate
 from ..kinds import Rule
 from .order import resolve_call, static_rule
@@ -40,15 +40,11 @@ def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
         return static_rule(target)  # a higher-order op's rule takes its subgraphs whatever the values
     if static_rule(target).composite or isinstance(target, torch.nn.Module):
         return _propagated(target, args, kwargs)
-    session = Session(fallback_limit_bytes=0)
-    outer = swap_session(session)
-    try:
-        with without_ambient_modes(), symbolic.scope(symbolic.SymbolicSession()):
-            internal_args = tuple(to_internal(a, f"argument {i}", session.real_values) for i, a in enumerate(args))
-            internal_kwargs = {k: to_internal(v, f"argument {k!r}", session.real_values) for k, v in kwargs.items()}
-            return resolve_call(target, internal_args, internal_kwargs).rule
-    finally:
-        swap_session(outer)
+    session = Session(fallback_limit_bytes=0)  # resolution reads the known values of the call's session
+    with without_ambient_modes(), ambient.entered(session=session, symbols=symbolic.SymbolicSession()):
+        internal_args = tuple(to_internal(a, f"argument {i}", session.real_values) for i, a in enumerate(args))
+        internal_kwargs = {k: to_internal(v, f"argument {k!r}", session.real_values) for k, v in kwargs.items()}
+        return resolve_call(target, internal_args, internal_kwargs).rule
 
 
 def _propagated(target: Any, args: tuple, kwargs: dict) -> Rule:

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any
 
 import sympy
 import torch
 
+from .. import ambient
 from ..errors import DataDependentError, InputError, PropagationError
 from .session import _INACTIVE, _SESSIONS, SymbolicSession, _plain
 from .sizes import broadcast_shapes, contiguous_strides, definitely_equal, has_symbolic
@@ -49,7 +49,6 @@ def broadcast_inputs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return tuple(stand_in(value) for value in args), {key: stand_in(value) for key, value in kwargs.items()}
 
 
-_local = threading.local()
 
 
 
@@ -59,17 +58,12 @@ _NO_DISPATCHER = contextlib.nullcontext()
 
 def current() -> SymbolicSession:
     """The symbolic session of the `propagate` call in progress (an inactive one outside any)."""
-    return getattr(_local, "session", None) or _INACTIVE
+    return ambient.symbols() or _INACTIVE
 
 
-@contextlib.contextmanager
 def scope(session: SymbolicSession):
-    outer = getattr(_local, "session", None)
-    _local.session = session
-    try:
-        yield session
-    finally:
-        _local.session = outer
+    """Make ``session`` the symbolic session of the call in progress for a block (`fxprop.ambient`)."""
+    return ambient.entered(symbols=session)
 
 
 def program_range(shape_env: Any, symbol: sympy.Symbol) -> tuple | None:
