@@ -22,6 +22,7 @@ from .devices.transfers import tensors_in
 from .errors import UnsupportedError
 from .kernel_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from .in_place import written_arguments
+from .index_values import check_known_indices
 from .kinds import Kind, Rule
 from .kinds.decomposition import run_composite_kernel, run_decomposition
 from .kinds.fallback import refuse_without_kernel_for, run_on_host
@@ -94,6 +95,8 @@ class RuleDispatch(TorchDispatchMode):
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
                 known.forget_written(written)
+        if known:
+            check_known_indices(func, args, kwargs, known)
         if kwargs.get("generator") is not None:
             # A generator decides values only. torch's python kernels refuse one, and the fallback
             # must not draw from the user's (it takes its own).

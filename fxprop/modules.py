@@ -9,6 +9,12 @@ appends or increments reaches the user's objects: lists, tuples (named ones too)
 any kind (Counter, OrderedDict, defaultdict), deques, SimpleNamespaces and dataclass instances,
 copied as deep as they nest, each copied once per call so that what modules share stays shared.
 Objects of other classes are the user's own, shared as they are.
+
+A lazy module (`torch.nn.modules.lazy.LazyModuleMixin`) infers its parameters on its first call,
+from a forward pre-hook that materializes them and turns the module into its ``cls_to_become``.
+Its shadow does the same, on its own: each uninitialized parameter or buffer is a fresh
+uninitialized one on meta, and the hook handles it removes point at the shadow's copies of the
+hook dicts. The user's module stays lazy, as it was.
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from typing import Any, Hashable
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils.hooks import RemovableHandle
 
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
@@ -48,6 +56,11 @@ class StateView:
     def tensor(self, real: torch.Tensor) -> torch.Tensor:
         """The meta stand-in for one parameter, buffer or constant (the same one on every use)."""
         found = self._tensors.get(id(real))
+        if found is None and isinstance(real, UninitializedTensorMixin):
+            # materialized by the shadow's own first call (the lazy module's pre-hook), on meta
+            self._tensors[id(real)] = found = tag(type(real)(requires_grad=real.requires_grad, device="meta",
+                                                             dtype=real.dtype), self.device_of_state(real))
+            self._keepalive.append(real)
         if found is None:
             meta = meta_like(real.detach(), self.device_of_state(real))
             if isinstance(real, nn.Parameter):
@@ -94,6 +107,8 @@ class StateView:
             return self.tensor(item)
         if isinstance(item, nn.Module):
             return self.shadow(item)
+        if isinstance(item, RemovableHandle):
+            return self._handle(item)
         if not _is_container(item):
             return item
         found = self._copies.get(id(item))
@@ -119,9 +134,24 @@ class StateView:
         self._copies[id(item)] = copied
         return copied
 
+    def _handle(self, handle: RemovableHandle) -> RemovableHandle:
+        """A hook handle whose ``remove`` removes the hook from the shadow's copies of the hook dicts
+        (a lazy module's pre-hook removes itself on its first call)."""
+        found = self._copies.get(id(handle))
+        if found is not None:
+            return found
+        self._keepalive.append(handle)
+        copied = self._copies[id(handle)] = copy.copy(handle)
+        copied.hooks_dict_ref = _copied_ref(self, handle.hooks_dict_ref)
+        copied.extra_dict_ref = tuple(_copied_ref(self, ref) for ref in handle.extra_dict_ref)
+        return copied
+
     def state_tensors(self, module: nn.Module) -> list[torch.Tensor]:
-        """Every parameter and buffer of a module, as meta stand-ins."""
-        return [self.tensor(t) for t in (*module.parameters(), *module.buffers())]
+        """Every parameter and buffer of a module, as meta stand-ins for the devices they are on (an
+        uninitialized one, whose size its first call decides, as one element on its device)."""
+        return [tag(torch.empty((1,), device="meta"), self.device_of_state(t))
+                if isinstance(t, UninitializedTensorMixin) else self.tensor(t)
+                for t in (*module.parameters(), *module.buffers())]
 
     def signature(self, module: nn.Module) -> Hashable:
         """Everything a standard torch.nn module's forward depends on; Uncacheable otherwise."""
@@ -162,3 +192,11 @@ def _is_container(item: Any) -> bool:
     if isinstance(item, (list, tuple, set, frozenset, dict, collections.deque, types.SimpleNamespace)):
         return not isinstance(item, torch.Size)
     return dataclasses.is_dataclass(item) and not isinstance(item, type) and hasattr(item, "__dict__")
+
+
+def _copied_ref(view: StateView, ref: weakref.ref) -> weakref.ref:
+    """A weak reference to the view's copy of the dict ``ref`` refers to (a dead one stays dead)."""
+    target = ref()
+    if target is None:
+        return ref
+    return weakref.ref(view._detached(target))
