@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import symbolic
+from . import symbolic, value_flow
 from .context import Session
 from . import context
 from .devices import META, merge_devices, tag
@@ -92,11 +92,11 @@ class RuleDispatch(TorchDispatchMode):
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         known = self.session.real_values
+        # Copies of the inputs' known values, taken before an in-place op forgets what it writes.
+        host_inputs = value_flow.host_inputs(func, args, kwargs, known)
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
                 known.forget_written(written)
-        if known:
-            check_known_indices(func, args, kwargs, known)
         if kwargs.get("generator") is not None:
             # A generator decides values only. torch's python kernels refuse one, and the fallback
             # must not draw from the user's (it takes its own).
@@ -110,8 +110,13 @@ class RuleDispatch(TorchDispatchMode):
                 raise
             # The kernel's dtype dispatch comes after its shape and type checks, which the call passed.
             check_cpu_kernel_dtypes(func, args, kwargs, result)
-            return result
-        return self.run_kind(func, rule, args, kwargs)
+        else:
+            result = self.run_kind(func, rule, args, kwargs)
+        if known:  # the kernel reads the indices after the checks the call passed
+            check_known_indices(func, args, kwargs, known)
+        if host_inputs is not None:
+            value_flow.learn(func, args, kwargs, result, host_inputs, known)
+        return result
 
     def run_kind(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind

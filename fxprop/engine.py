@@ -275,7 +275,7 @@ class Propagation:
         self.session.walk_subgraph = self.walk_subgraph
         self.session.open_region, self.session.close_region = self.open_region, self.close_region
         self.regions: list[tuple[Hashable, Callable | None, Callable[[], None]]] = []
-        self.state = StateView(options.param_device)
+        self.state = StateView(options.param_device, self.session.real_values)
         self.symbols = symbols
         self.mode = RuleDispatch(self.session)
         self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))
@@ -366,6 +366,15 @@ class Propagation:
     def close_region(self) -> None:
         self.environment, self.around, on_close = self.regions.pop()
         on_close()
+
+    def knows_values_in(self, value: Any) -> bool:
+        """Whether a result holds a tensor whose values are known (`fxprop.value_flow`)."""
+        known = self.session.real_values
+        if not known:
+            return False
+        found = []
+        map_structure(lambda t: found.append(t in known), value)
+        return any(found)
 
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""
@@ -560,8 +569,8 @@ class GraphWalk:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
                     self.propagation.refresh_environment()
-            elif hit is None and not created_symbols:
-                memo.store(args, kwargs, value, provenance)
+            elif hit is None and not created_symbols and not self.propagation.knows_values_in(value):
+                memo.store(args, kwargs, value, provenance)  # a result with known values is not one to reuse
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)
         return value, provenance

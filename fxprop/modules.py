@@ -32,15 +32,17 @@ from torch.utils.hooks import RemovableHandle
 
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
-from .specs import meta_like
+from .known_values import KnownValues
+from .specs import meta_like, values_worth_knowing
 from .torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
 
 
 class StateView:
-    def __init__(self, param_device: torch.device | str | None):
+    def __init__(self, param_device: torch.device | str | None, known: KnownValues | None = None):
         self.param_device = normalize_device(param_device) if param_device is not None else None
+        self.known = known
         self._tensors: dict[int, torch.Tensor] = {}
         self._shadows: dict[int, nn.Module] = {}
         self._signatures: dict[int, Hashable] = {}
@@ -67,6 +69,8 @@ class StateView:
                 meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))
             else:
                 meta.requires_grad_(real.requires_grad)
+            if self.known is not None and values_worth_knowing(real):
+                self.known.remember(meta, real)  # a counter (num_batches_tracked), an index buffer
             self._tensors[id(real)] = found = meta
             self._versions_made[id(meta)] = version_counter(meta)
             self._keepalive.append(real)
@@ -183,6 +187,13 @@ class StateView:
                 continue  # weak references mirror state that is already part of the signature
             if name == "_modules":
                 parts.append(tuple((k, None if m is None else self.signature(m)) for k, m in item.items()))
+            elif name in ("_parameters", "_buffers"):
+                if any(isinstance(t, UninitializedTensorMixin) for t in item.values()):
+                    raise Uncacheable  # a lazy module: its first call decides its parameters
+                # the values fxprop knows of its state (`remember` above) are part of what it computes
+                parts.append((name, signature(item), tuple((k, tuple(t.detach().reshape(-1).tolist()))
+                                                           for k, t in item.items()
+                                                           if t is not None and values_worth_knowing(t))))
             else:
                 parts.append((name, signature(item)))
         return tuple(parts)

@@ -269,3 +269,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
             torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
             torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
+
+
+@rule(aten._nested_tensor_from_mask_left_aligned.default)
+def nested_tensor_from_mask_left_aligned(t: torch.Tensor, mask: torch.Tensor):
+    """Whether every row of the padding mask is a run of True then of False: a question about the
+    mask's values alone (of ``t`` the kernel reads the sizes). Answered for a mask whose values are
+    known (TransformerEncoder's fast-path check of a real padding mask), else a fresh bool."""
+    check(mask.dtype == torch.bool, lambda: f"Expected mask to be of type Bool, got {mask.dtype}")
+    check(mask.dim() == 2, lambda: "Padding mask should be 2D")
+    check(t.dim() == 3, lambda: "Input should be a 3D tensor, N * L * D")
+    check(t.shape[0] == mask.shape[0] and t.shape[1] == mask.shape[1], lambda: "Mask size should match input size")
+    known = known_values(mask)
+    if known is None:
+        return symbolic.current().fresh_value(torch.bool)
+    with context.on_host():
+        sizes_only = torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
+        return torch._nested_tensor_from_mask_left_aligned(sizes_only, known)
