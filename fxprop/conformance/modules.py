@@ -54,10 +54,9 @@ from ..specs import values_worth_knowing
 from ..testing import Mismatch, _Recorder, assert_no_side_effects, compare_nodes
 from ..torch_compat import FakeTensorMode, pytree
 from . import MATCH, Verdict, _category, _first_line, _judge_error, _short
-from .expected_modules import EXPECTED_MODULE_FAILURES
 
 __all__ = ["MAX_SAMPLES", "MODULE_CI_SLICE", "ModuleResult", "ModuleSampleResult", "as_user_passes",
-           "check_module_sample", "module_dtype", "module_graph", "moduleinfos", "run_moduleinfo", "sweep"]
+           "check_module_call", "check_module_sample", "module_dtype", "module_graph", "moduleinfos", "run_moduleinfo", "sweep"]
 
 MAX_SAMPLES = 32  # per module, training mode and requires_grad, spread evenly over all of its samples
 
@@ -195,10 +194,8 @@ def _spread(count: int, limit: int | None) -> list[int]:
     return sorted({i * count // limit for i in range(limit)})
 
 
-def build_module(info: Any, sample: Any, dtype: torch.dtype, training: bool, seed: int | None = None) -> torch.nn.Module:
-    """The module of one sample, as torch's test_modules builds it (after ``torch.manual_seed(seed)``)."""
-    if seed is not None:
-        torch.manual_seed(seed)
+def build_module(info: Any, sample: Any, dtype: torch.dtype, training: bool) -> torch.nn.Module:
+    """The module of one sample, as torch's test_modules builds it."""
     constructor = sample.constructor_input
     module = info.module_cls(*constructor.args, **constructor.kwargs)
     module.to(dtype)
@@ -231,12 +228,22 @@ def as_user_passes(value: Any, mode: FakeTensorMode) -> Any:
 
 
 def check_module_sample(info: Any, sample: Any, dtype: torch.dtype, training: bool, label: str) -> ModuleSampleResult:
-    """fxprop and FakeTensorProp on one sample, each judged against real execution."""
+    """fxprop and FakeTensorProp on one ModuleInfo sample, each judged against real execution."""
     forward = sample.forward_input
-    args, kwargs = tuple(forward.args), dict(forward.kwargs)
-    # One module each, built alike from one seed (a lazy module's uninitialized buffers cannot be deep-copied).
-    gm, fake_gm, real_gm = (module_graph(build_module(info, sample, dtype, training, seed=0), args, kwargs)[0]
-                            for _ in range(3))
+    return check_module_call(lambda: build_module(info, sample, dtype, training), forward.args, forward.kwargs, label)
+
+
+def check_module_call(build: Callable[[], torch.nn.Module], args: tuple, kwargs: dict | None = None,
+                      label: str = "") -> ModuleSampleResult:
+    """fxprop and FakeTensorProp on one call of the module ``build()`` makes, each judged against real
+    execution. ``build`` runs three times after ``torch.manual_seed(0)``, one module for each (a lazy
+    module's uninitialized buffers cannot be deep-copied)."""
+    args, kwargs = tuple(args), dict(kwargs or {})
+
+    def built() -> torch.fx.GraphModule:
+        torch.manual_seed(0)
+        return module_graph(build(), args, kwargs)[0]
+    gm, fake_gm, real_gm = built(), built(), built()
     inputs = [*args, *kwargs.values()]
     fxprop_outcome = _fxprop(gm, inputs)
     fake_outcome = _fake_prop(fake_gm, inputs)
@@ -347,5 +354,3 @@ def sweep(keys: Iterable[str] | None = None, *, max_samples: int | None = MAX_SA
         progress(len(keys), len(keys), "")
     return results
 
-
-EXPECTED_FAILURES = EXPECTED_MODULE_FAILURES
