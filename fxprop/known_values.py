@@ -78,7 +78,8 @@ class KnownValues:
         """The real values ``meta`` stands for, unless it has been written since."""
         entry = self._entries.get(id(meta))
         if entry is not None and entry.version == _SETTLED_BY_ITS_READER and entry.meta is meta:
-            entry = self._entries[id(meta)] = entry._replace(version=version_counter(meta))
+            entry = self._entries[id(meta)] = _Known(meta, entry.real, version_counter(meta), entry.real_storage,
+                                                     entry.layout)
         if (entry is None or entry.meta is not meta or version_counter(meta) != entry.version
                 or _layout(meta) != entry.layout):
             return None

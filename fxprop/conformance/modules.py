@@ -52,6 +52,7 @@ from ..engine import propagate
 from ..errors import PropagationError
 from ..specs import values_worth_knowing
 from ..testing import Mismatch, _Recorder, assert_no_side_effects, compare_nodes
+from .. import torch_compat
 from ..torch_compat import FakeTensorMode, pytree
 from . import MATCH, Verdict, _category, _first_line, _judge_error, _short
 
@@ -133,9 +134,8 @@ class ModuleResult:
 @functools.lru_cache(maxsize=None)
 def moduleinfos() -> dict[str, Any]:
     """Every ModuleInfo of ``module_db`` by its name (``nn.Linear``)."""
-    from torch.testing._internal.common_modules import module_db
     table: dict[str, Any] = {}
-    for info in module_db:
+    for info in torch_compat.module_database():
         if info.name in table:
             raise ValueError(f"module_db has two ModuleInfos named {info.name!r}")
         table[info.name] = info
@@ -154,7 +154,6 @@ def run_moduleinfo(info: Any, *, max_samples: int | None = MAX_SAMPLES) -> Modul
     A mode with more than ``max_samples`` samples is checked on that many, evenly spread over
     all of them (None: every sample). Error inputs are always checked, all of them.
     """
-    from torch.testing._internal.common_modules import ModuleErrorEnum
     result = ModuleResult(info.name)
     dtype = module_dtype(info)
     problems = []
@@ -177,7 +176,7 @@ def run_moduleinfo(info: Any, *, max_samples: int | None = MAX_SAMPLES) -> Modul
                 if info.module_error_inputs_func is None:
                     continue
                 for index, error_input in enumerate(info.module_error_inputs_func(info, **options)):
-                    if error_input.error_on is not ModuleErrorEnum.FORWARD_ERROR:
+                    if not torch_compat.raises_in_forward(error_input):
                         result.construction_errors += 1  # the constructor refuses: no forward to propagate
                         continue
                     sample = error_input.module_error_input

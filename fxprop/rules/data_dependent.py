@@ -285,4 +285,4 @@ def nested_tensor_from_mask_left_aligned(t: torch.Tensor, mask: torch.Tensor):
         return symbolic.current().fresh_value(torch.bool)
     with context.on_host():
         sizes_only = torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
-        return torch._nested_tensor_from_mask_left_aligned(sizes_only, known)
+        return aten._nested_tensor_from_mask_left_aligned.default(sizes_only, known)
