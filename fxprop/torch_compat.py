@@ -266,6 +266,18 @@ def opinfo_database() -> list:
     return op_db
 
 
+def module_database() -> list:
+    """torch's ModuleInfo table (``module_db``, from its internal testing package; needs expecttest)."""
+    from torch.testing._internal.common_modules import module_db
+    return module_db
+
+
+def raises_in_forward(error_input: Any) -> bool:
+    """Whether a ModuleInfo ``ErrorModuleInput`` fails in the forward (else in the constructor)."""
+    from torch.testing._internal.common_modules import ModuleErrorEnum
+    return error_input.error_on is ModuleErrorEnum.FORWARD_ERROR
+
+
 @contextlib.contextmanager
 def without_ambient_modes():
     """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...) and every

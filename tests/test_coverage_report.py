@@ -212,3 +212,15 @@ def test_script_runs_from_a_shell():
                            "--no-progress"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "add" in done.stdout and "verified" in done.stdout and "verify:" not in done.stderr
+
+
+def test_verify_modules_mode_shows_fxprop_and_fake_tensor_prop_both_ways():
+    code, out, err = run("--verify-modules", "--modules", "nn.Linear,nn.GaussianNLLLoss", "--max-samples", "1",
+                         "--format", "json")
+    report = json.loads(out)
+    rows = {row["module"]: row for row in report["rows"]}
+    assert rows["nn.Linear"]["status"] == "verified" and rows["nn.Linear"]["samples"] == 4
+    assert rows["nn.Linear"]["FakeTensorProp, requires_grad not compared"] == "4/4 (100.0%)"
+    assert rows["nn.GaussianNLLLoss"]["expected failure"].startswith("F.gaussian_nll_loss")
+    assert report["summary"]["mismatched modules not in the expected-failure table"] == 0
+    assert "verify: 2/2 modules (100%)" in err and code == 0

@@ -1,5 +1,6 @@
 """What the user hands fxprop is never run as code, never shared, never altered; what comes back
 is what real execution gives."""
+import copy
 import operator
 import threading
 
@@ -173,14 +174,19 @@ def test_item_of_a_computed_tensor_is_a_symbol():
     assert isinstance(fxprop.propagate(gm, torch.randn(4)), torch.SymInt)
 
 
-def test_a_real_input_written_in_place_has_no_known_values_after():
+def test_a_real_input_written_in_place_holds_what_the_write_gave_it():
     def f(x):
         before = x.item()
         x.add_(1)
         return before, x.item(), x.view(1).tolist()
 
-    before, after, listed = fxprop.propagate(torch.fx.symbolic_trace(f), torch.tensor(3))
-    assert before == 3 and isinstance(after, torch.SymInt) and isinstance(listed[0], torch.SymInt)
+    assert fxprop.propagate(torch.fx.symbolic_trace(f), torch.tensor(3)) == f(torch.tensor(3)) == (3, 4, [4])
+
+    def from_an_unknown_value(x, y):
+        x.add_(y)
+        return x.item()
+    assert isinstance(fxprop.propagate(torch.fx.symbolic_trace(from_an_unknown_value), torch.tensor(3),
+                                       fxprop.TensorSpec((), dtype=torch.int64)), torch.SymInt)
 
     def through_a_view(x):
         x[0].mul_(2)
@@ -218,7 +224,7 @@ def test_data_swapped_by_setattr_ends_known_values():
     assert isinstance(fxprop.propagate(gm, torch.tensor(1), torch.tensor(5)), torch.SymInt)
 
 
-def test_a_buffer_a_module_updated_before_it_is_read_has_no_known_value():
+def test_a_buffer_a_module_updated_before_it_is_read_holds_the_update():
     root = torch.nn.Module()
     root.bn = torch.nn.BatchNorm1d(3)
     graph = torch.fx.Graph()
@@ -226,8 +232,9 @@ def test_a_buffer_a_module_updated_before_it_is_read_has_no_known_value():
     graph.call_module("bn", (x,))
     count = graph.call_method("item", (graph.get_attr("bn.num_batches_tracked"),))
     graph.output(count)
-    value = fxprop.propagate(torch.fx.GraphModule(root, graph), torch.randn(4, 3))
-    assert isinstance(value, torch.SymInt) and root.bn.num_batches_tracked.item() == 0
+    gm = torch.fx.GraphModule(root, graph)
+    value = fxprop.propagate(gm, torch.randn(4, 3))
+    assert value == copy.deepcopy(gm)(torch.randn(4, 3)) == 1 and root.bn.num_batches_tracked.item() == 0
 
 
 def test_asking_the_host_about_a_rare_dtype_never_makes_a_large_output():
@@ -261,11 +268,12 @@ def _graph_reading_a_buffer(*steps):
     return root, torch.fx.GraphModule(root, graph)
 
 
-def test_a_constant_buffers_values_are_known_until_the_graph_writes_it():
+def test_a_constant_buffers_values_follow_what_the_graph_writes():
     root, gm = _graph_reading_a_buffer(("call_method", "item", ("n",)), ("call_method", "add_", ("n", 1)),
                                        ("call_method", "item", ("n",)))
     first, _, second = fxprop.propagate(gm, torch.randn(2))
-    assert first == 3 and isinstance(second, torch.SymInt) and root.n.item() == 3
+    real_first, _, real_second = copy.deepcopy(gm)(torch.randn(2))
+    assert (first, second) == (real_first, real_second) == (3, 4) and root.n.item() == 3
 
 
 def test_an_index_held_by_the_module_is_checked_like_real_execution():

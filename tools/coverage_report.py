@@ -6,6 +6,7 @@
     python tools/coverage_report.py --model pkg.mod:make --trace symbolic  # one tracer only (default: auto)
     python tools/coverage_report.py --graph program.pt2                # a torch.export.save'd program
     python tools/coverage_report.py --verify [--ops mm,add | --slice]  # OpInfo conformance vs FakeTensorMode
+    python tools/coverage_report.py --verify-modules [--modules nn.Linear | --slice]  # ModuleInfo vs FakeTensorProp
 
 Every mode prints a terminal table and a summary (counts per rule kind or status);
 ``--format md|json|csv`` changes the output (csv writes the summary to stderr).
@@ -33,6 +34,8 @@ import torch
 
 import fxprop
 from fxprop import conformance
+from fxprop.conformance import modules as module_conformance
+from fxprop.conformance.expected_modules import EXPECTED_MODULE_FAILURES
 from fxprop.cli.report import describe_value, format_table
 from fxprop import Kind, lookup
 from fxprop.cli.tracing import AUTO, TRACERS, TraceError, trace_model
@@ -157,8 +160,8 @@ def model_report(spec: str, tracers: Sequence[str]) -> Report:
 class ProgressBar:
     """A progress bar on stderr: redrawn in place on a terminal, a line every 10% otherwise."""
 
-    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True, width: int = 30):
-        self.stream, self.enabled, self.width = stream, enabled, width
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True, width: int = 30, unit: str = "ops"):
+        self.stream, self.enabled, self.width, self.unit = stream, enabled, width, unit
         self.started = time.monotonic()
         self.last_decile = -1
 
@@ -167,7 +170,7 @@ class ProgressBar:
             return
         fraction = done / total
         elapsed = time.monotonic() - self.started
-        text = f"{done}/{total} ops ({fraction:.0%}), {elapsed:.0f}s"
+        text = f"{done}/{total} {self.unit} ({fraction:.0%}), {elapsed:.0f}s"
         if self.stream.isatty():
             filled = int(self.width * fraction)
             bar = "#" * filled + "-" * (self.width - filled)
@@ -217,6 +220,42 @@ def verify_summary(results: list, elapsed: float) -> dict[str, Any]:
             "seconds": round(elapsed, 1)}
 
 
+def verify_modules_report(keys: Sequence[str] | None, max_samples: int | None, progress: Callable | None) -> Report:
+    started = time.monotonic()
+    results = module_conformance.sweep(keys, max_samples=max_samples, progress=progress)
+    elapsed = time.monotonic() - started
+    report = Report("ModuleInfo conformance: fxprop and FakeTensorProp against real execution",
+                    ("module", "status", "fxprop", "FakeTensorProp", "FakeTensorProp, requires_grad not compared",
+                     "samples", "mismatch", "expected failure"))
+    for result in results:
+        expected = EXPECTED_MODULE_FAILURES.get(result.key)
+        report.rows.append((result.key, result.status, _rate(result.fxprop_matches, result.total),
+                            _rate(result.fake_matches, result.total),
+                            _rate(result.fake_matches_ignoring_requires_grad, result.total), result.total,
+                            ",".join(result.categories()) or (result.skipped or ""),
+                            expected.reason if expected else ""))
+    samples = sum(r.total for r in results)
+    checked = [r for r in results if r.total]
+
+    def fully(count: Callable) -> str:
+        return _rate(sum(count(r) == r.total for r in checked), len(checked))
+    unexpected = [r.key for r in results if r.status == "mismatched" and r.key not in EXPECTED_MODULE_FAILURES]
+    report.summary = {
+        "modules": len(results), "samples": samples,
+        "constructor errors (no forward to check)": sum(r.construction_errors for r in results),
+        "fxprop match rate": _rate(sum(r.fxprop_matches for r in results), samples),
+        "FakeTensorProp match rate": _rate(sum(r.fake_matches for r in results), samples),
+        "FakeTensorProp match rate, requires_grad not compared":
+            _rate(sum(r.fake_matches_ignoring_requires_grad for r in results), samples),
+        "fxprop modules fully matching": fully(lambda r: r.fxprop_matches),
+        "FakeTensorProp modules fully matching": fully(lambda r: r.fake_matches),
+        "FakeTensorProp modules fully matching, requires_grad not compared":
+            fully(lambda r: r.fake_matches_ignoring_requires_grad),
+        "mismatched modules not in the expected-failure table": len(unexpected),
+        "seconds": round(elapsed, 1)}
+    return report
+
+
 def _rate(matches: int, total: int) -> str:
     return f"{matches}/{total} ({100 * matches / total:.1f}%)" if total else "-"
 
@@ -264,14 +303,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
     source.add_argument("--model", metavar="MODULE:CALLABLE", help="a callable returning (model, example_inputs)")
     source.add_argument("--graph", metavar="FILE", help="a program saved with torch.export.save")
     source.add_argument("--verify", action="store_true", help="run the OpInfo samples (fxprop vs FakeTensorMode)")
+    source.add_argument("--verify-modules", action="store_true",
+                        help="run the ModuleInfo samples (fxprop vs FakeTensorProp)")
     parser.add_argument("--trace", choices=("auto", *TRACERS), default="auto",
                         help="how --model is traced: auto (default) tries torch.export (aten ops), then "
                              "fx.symbolic_trace, then dynamo (both torch-level), and says why it moved on; "
                              "a named tracer is the only one tried")
     parser.add_argument("--ops", help="--verify: comma-separated OpInfo keys (default: all of op_db)")
-    parser.add_argument("--slice", action="store_true", help="--verify: only the CI slice")
-    parser.add_argument("--max-samples", type=int, default=conformance.MAX_SAMPLES,
-                        help="--verify: samples per op and dtype, spread evenly (0: all; default %(default)s)")
+    parser.add_argument("--modules", help="--verify-modules: comma-separated ModuleInfo names (default: all)")
+    parser.add_argument("--slice", action="store_true", help="--verify, --verify-modules: only the CI slice")
+    parser.add_argument("--max-samples", type=int, default=None,
+                        help=f"--verify: samples per op and dtype (default {conformance.MAX_SAMPLES}); "
+                             f"--verify-modules: per module, mode and requires_grad (default "
+                             f"{module_conformance.MAX_SAMPLES}); spread evenly, 0: all")
     parser.add_argument("--kind", choices=KINDS, help="list only rows of this kind (the summary counts all)")
     parser.add_argument("--format", choices=("table", "md", "json", "csv"), default="table")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -282,7 +326,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, err: TextI
     try:
         if args.verify:
             keys = (args.ops.split(",") if args.ops else list(conformance.CI_SLICE) if args.slice else None)
-            report = verify_report(keys, args.max_samples or None, ProgressBar(err, enabled=not args.no_progress))
+            limit = conformance.MAX_SAMPLES if args.max_samples is None else args.max_samples or None
+            report = verify_report(keys, limit, ProgressBar(err, enabled=not args.no_progress))
+        elif args.verify_modules:
+            keys = (args.modules.split(",") if args.modules else
+                    list(module_conformance.MODULE_CI_SLICE) if args.slice else None)
+            limit = module_conformance.MAX_SAMPLES if args.max_samples is None else args.max_samples or None
+            report = verify_modules_report(keys, limit, ProgressBar(err, enabled=not args.no_progress, unit="modules"))
         elif args.model:
             report = model_report(args.model, AUTO if args.trace == "auto" else (args.trace,))
         elif args.graph:

@@ -8,6 +8,10 @@ index_select, indexing -- and become conditions on sizes. A GPT's ``wpe(arange(T
 ``T <= block_size``: with concrete sizes fxprop raises where real execution would raise, with
 symbolic sizes the condition is one of the run's assumptions. Other index tensors (data) are
 not tracked, and bounds end where the tensor, or a view of it, is written in place.
+
+An index tensor whose values are known (a real one the user passed in, `fxprop.known_values`) is
+checked where it reaches an op that indexes with it (`check_known_indices`), inside a module's
+forward too: its smallest and largest values are its bounds.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import operator
 from typing import Any, Callable, NamedTuple
 
 import torch
+from ..engine.known_values import KnownValues
 from ..torch_compat import check, check_index, statically_known_true, version_counter
 
 aten = torch.ops.aten
@@ -205,3 +210,44 @@ def _indexed_dims(index: Any, ndim: int) -> list[tuple[Any, int]]:
 
 def _arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
     return args[position] if position < len(args) else kwargs[name]
+
+
+def _value_bounds(index: Any, known: KnownValues) -> Bounds | None:
+    """The smallest and largest of a known integer index tensor's values (None: not known, or empty)."""
+    if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.dtype.is_complex \
+            or index.dtype in (torch.bool, torch.uint8):
+        return None
+    real = known.get(index)
+    if real is None or real.numel() == 0:
+        return None
+    return int(real.min()), int(real.max())
+
+
+def check_known_indices(func: Any, args: tuple, kwargs: dict, known: KnownValues) -> None:
+    """Refuse, as the CPU kernel does, an op that indexes with known values out of range: embedding,
+    index_select, and advanced indexing (``aten.index.Tensor``)."""
+    if func is aten.embedding.default:
+        weight, indices = args[0], _arg(args, kwargs, 1, "indices")
+        bounds = _value_bounds(indices, known)
+        if bounds is not None:
+            _check_index(bounds, indices, weight.shape[0], False, selects=True,
+                         range_check=index_select_range_check(weight, 0))
+    elif func is aten.index_select.default:
+        source, dim, index = args[0], _arg(args, kwargs, 1, "dim"), _arg(args, kwargs, 2, "index")
+        bounds = _value_bounds(index, known)
+        if bounds is not None:
+            size = source.shape[dim] if source.dim() else 1
+            _check_index(bounds, index, size, False, selects=source.dim() > 1,
+                         range_check=index_select_range_check(source, dim))
+    elif func is aten.index.Tensor:
+        source, indices = args[0], _arg(args, kwargs, 1, "indices")
+        dim = 0
+        for entry in indices:
+            if isinstance(entry, torch.Tensor) and entry.dtype in (torch.bool, torch.uint8):
+                dim += entry.dim()  # a mask indexes as many dims as it has
+                continue
+            bounds = _value_bounds(entry, known)
+            if bounds is not None and dim < source.dim() \
+                    and not (_is_zero(source.numel()) and not _is_zero(source.shape[dim])):
+                _check_index(bounds, entry, source.shape[dim], negative_allowed=True)
+            dim += 1

@@ -243,17 +243,7 @@ def _judge(outcome: tuple[str, Any], observed: Any, real_error: BaseException | 
     of that type. fxprop's own failures (`InternalError`, `UnsupportedError`) never match."""
     kind, value = outcome
     if kind == "error":
-        described = f"{type(value).__name__}: {_first_line(value)}"
-        if real_error is not None:
-            real = f"{type(real_error).__name__}: {_first_line(real_error)}"
-            same = value.refuses_like(real_error) if isinstance(value, PropagationError) else (
-                not is_fxprop and type(value) is type(real_error))
-            if same:
-                return MATCH
-            if isinstance(value, PropagationError):
-                described = f"PropagationError({value.error_type.__name__}): {_first_line(value)}"
-            return Verdict("wrong-error", f"real raised {real}; got {described}")
-        return Verdict("raised", described)
+        return _judge_error(value, real_error, is_fxprop)
     if real_error is not None:
         return Verdict("missed-error", f"real raised {type(real_error).__name__}: {_first_line(real_error)}")
     try:
@@ -263,6 +253,21 @@ def _judge(outcome: tuple[str, Any], observed: Any, real_error: BaseException | 
     if not mismatches:
         return MATCH
     return Verdict(_category(mismatches[0]), "; ".join(_short(m) for m in mismatches[:3]))
+
+
+def _judge_error(error: BaseException, real_error: BaseException | None, is_fxprop: bool) -> Verdict:
+    """The verdict on a checker that raised ``error`` where real execution raised ``real_error`` (or nothing)."""
+    described = f"{type(error).__name__}: {_first_line(error)}"
+    if real_error is None:
+        return Verdict("raised", described)
+    real = f"{type(real_error).__name__}: {_first_line(real_error)}"
+    same = error.refuses_like(real_error) if isinstance(error, PropagationError) else (
+        not is_fxprop and type(error) is type(real_error))
+    if same:
+        return MATCH
+    if isinstance(error, PropagationError):
+        described = f"PropagationError({error.error_type.__name__}): {_first_line(error)}"
+    return Verdict("wrong-error", f"real raised {real}; got {described}")
 
 
 def _category(mismatch: Mismatch) -> str:

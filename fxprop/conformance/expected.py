@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CATEGORIES = ("data-dependent", "layout", "unverified", "strides", "shape", "dtype", "requires_grad", "error")
+CATEGORIES = ("data-dependent", "layout", "unverified", "strides", "shape", "dtype", "requires_grad", "error",
+              "no-meta-path")
 
 
 @dataclass(frozen=True)

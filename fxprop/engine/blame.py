@@ -27,8 +27,10 @@ _BOUNDARIES: set = set()
 _PYTHON_KERNEL_PARTS = ("_refs", "_prims", "_prims_common", "_decomp", "_meta_registrations.py", "_subclasses")
 
 # torch's words for "this needs data a meta tensor does not have".
+# "data is not allocated yet": a C++ kernel wrote or read the memory of a tensor it made, which on meta
+# has none (ctc_loss's composite builds a tensor from a python list of lengths that way).
 _NO_DATA_PHRASES = ("meta tensor", "'meta' backend", "data-dependent", "no data!", "copy out of meta",
-                    "unbacked symbol")
+                    "unbacked symbol", "data is not allocated yet")
 
 
 def boundary(fn: Callable) -> Callable:

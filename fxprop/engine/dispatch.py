@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .. import symbolic
+from . import value_flow
 from .session import Session
 from . import session as context
 from ..devices import META, merge_devices, tag
@@ -22,6 +23,7 @@ from ..devices.transfers import tensors_in
 from ..errors import UnsupportedError
 from ..aten.host_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from ..aten.in_place import written_arguments
+from ..aten.index_values import check_known_indices
 from ..kinds import Kind, Rule
 from ..kinds.decomposition import run_composite_kernel, run_decomposition
 from ..kinds.fallback import refuse_without_kernel_for, run_on_host
@@ -91,6 +93,8 @@ class RuleDispatch(TorchDispatchMode):
 
     def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         known = self.session.real_values
+        # Copies of the inputs' known values, taken before an in-place op forgets what it writes.
+        host_inputs = value_flow.host_inputs(func, args, kwargs, known)
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
                 known.forget_written(written)
@@ -107,8 +111,13 @@ class RuleDispatch(TorchDispatchMode):
                 raise
             # The kernel's dtype dispatch comes after its shape and type checks, which the call passed.
             check_cpu_kernel_dtypes(func, args, kwargs, result)
-            return result
-        return self.run_kind(func, rule, args, kwargs)
+        else:
+            result = self.run_kind(func, rule, args, kwargs)
+        if known:  # the kernel reads the indices after the checks the call passed
+            check_known_indices(func, args, kwargs, known)
+        if host_inputs is not None:
+            value_flow.learn(func, args, kwargs, result, host_inputs, known)
+        return result
 
     def run_kind(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind

@@ -6,8 +6,10 @@ while the tensor is unchanged: an in-place op on it, or on a view of it, bumps t
 counter it shares with its views; a swap of its data (``t.data = other``) changes its storage;
 and any op that writes a tensor sharing its storage (a ``.data`` view, a library op's
 ``Tensor(a!)`` argument) forgets it. From then on its values are not known (a later ``.item()``
-is a symbol, not the stale number). Real tensors given that share a storage are not known at
-all: a write through one would change the other.
+is a symbol, not the stale number). Real tensors given that share a storage (one mask passed
+as two arguments) are known until a write through either: it would change the other. Values also
+flow: an op whose every input is known computes known results (`fxprop.engine.value_flow`), what it
+writes included.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ class _Known(NamedTuple):
     version: int
     real_storage: int
     layout: tuple        # the meta tensor's storage, sizes, strides and offset: ``t.data = other`` swaps them
+
+
+_SETTLED_BY_ITS_READER = -2  # a version no tensor has: the entry takes the one its next reader finds
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
@@ -50,22 +55,31 @@ class KnownValues:
         entry = self._entries.get(id(meta))
         if entry is not None and entry.meta is meta:
             return
-        shared = storage_key(real)
-        aliased = [key for key, other in self._entries.items() if other.real_storage == shared]
-        for key in aliased:
-            self._entries[key] = _forgotten(self._entries[key])
-        self._entries[id(meta)] = _Known(meta, real, -1 if aliased else version_counter(meta), shared, _layout(meta))
+        self._entries[id(meta)] = _Known(meta, real, version_counter(meta), storage_key(real), _layout(meta))
+
+    def learn(self, meta: torch.Tensor, real: torch.Tensor) -> None:
+        """``meta`` now holds ``real``'s values, whatever was known of it before: the op that is still
+        running computed them (`fxprop.engine.value_flow`). ``real`` is fxprop's own tensor, shared with
+        nothing else. Autograd settles ``meta``'s version counter once the op returns (an in-place op
+        bumps it, a view takes its base's), so the entry takes the version its next reader finds;
+        a write before that reaches the dispatch, which forgets the entry."""
+        self._entries[id(meta)] = _Known(meta, real, _SETTLED_BY_ITS_READER, storage_key(real), _layout(meta))
 
     def forget_written(self, written: torch.Tensor) -> None:
-        """An op writes ``written``: nothing sharing its storage is known any more."""
+        """An op writes ``written``: nothing sharing its storage is known any more, nor anything whose
+        real tensor shares a storage with theirs (the same tensor given twice)."""
         key = storage_key(written)
+        real_storages = {entry.real_storage for entry in self._entries.values() if storage_key(entry.meta) == key}
         for entry_key, entry in list(self._entries.items()):
-            if storage_key(entry.meta) == key:
+            if storage_key(entry.meta) == key or entry.real_storage in real_storages:
                 self._entries[entry_key] = _forgotten(entry)
 
     def get(self, meta: torch.Tensor) -> torch.Tensor | None:
         """The real values ``meta`` stands for, unless it has been written since."""
         entry = self._entries.get(id(meta))
+        if entry is not None and entry.version == _SETTLED_BY_ITS_READER and entry.meta is meta:
+            entry = self._entries[id(meta)] = _Known(meta, entry.real, version_counter(meta), entry.real_storage,
+                                                     entry.layout)
         if (entry is None or entry.meta is not meta or version_counter(meta) != entry.version
                 or _layout(meta) != entry.layout):
             return None

@@ -9,6 +9,12 @@ appends or increments reaches the user's objects: lists, tuples (named ones too)
 any kind (Counter, OrderedDict, defaultdict), deques, SimpleNamespaces and dataclass instances,
 copied as deep as they nest, each copied once per call so that what modules share stays shared.
 Objects of other classes are the user's own, shared as they are.
+
+A lazy module (`torch.nn.modules.lazy.LazyModuleMixin`) infers its parameters on its first call,
+from a forward pre-hook that materializes them and turns the module into its ``cls_to_become``.
+Its shadow does the same, on its own: each uninitialized parameter or buffer is a fresh
+uninitialized one on meta, and the hook handles it removes point at the shadow's copies of the
+hook dicts. The user's module stays lazy, as it was.
 """
 from __future__ import annotations
 
@@ -21,19 +27,23 @@ from typing import Any, Hashable
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedTensorMixin
+from torch.utils.hooks import RemovableHandle
 
 from ..memo.cache import Uncacheable, signature
 from ..devices import normalize_device, tag
 from ..errors import UnsupportedError
-from .inputs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like
+from .known_values import KnownValues
+from .inputs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like, values_worth_knowing
 from ..torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
 
 
 class StateView:
-    def __init__(self, param_device: torch.device | str | None):
+    def __init__(self, param_device: torch.device | str | None, known: KnownValues | None = None):
         self.param_device = normalize_device(param_device) if param_device is not None else None
+        self.known = known
         self._tensors: dict[int, torch.Tensor] = {}
         self._shadows: dict[int, nn.Module] = {}
         self._signatures: dict[int, Hashable] = {}
@@ -49,6 +59,11 @@ class StateView:
     def tensor(self, real: torch.Tensor) -> torch.Tensor:
         """The meta stand-in for one parameter, buffer or constant (the same one on every use)."""
         found = self._tensors.get(id(real))
+        if found is None and isinstance(real, UninitializedTensorMixin):
+            # materialized by the shadow's own first call (the lazy module's pre-hook), on meta
+            self._tensors[id(real)] = found = tag(type(real)(requires_grad=real.requires_grad, device="meta",
+                                                             dtype=real.dtype), self.device_of_state(real))
+            self._keepalive.append(real)
         if found is None:
             if is_dtensor(real):
                 raise UnsupportedError(f"a DTensor parameter, buffer or constant (placements {real.placements}): "
@@ -58,6 +73,8 @@ class StateView:
                 meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))
             else:
                 meta.requires_grad_(real.requires_grad)
+            if self.known is not None and values_worth_knowing(real):
+                self.known.remember(meta, real)  # a counter (num_batches_tracked), an index buffer
             self._tensors[id(real)] = found = meta
             self._versions_made[id(meta)] = version_counter(meta)
             self._keepalive.append(real)
@@ -98,6 +115,8 @@ class StateView:
             return self.tensor(item)
         if isinstance(item, nn.Module):
             return self.shadow(item)
+        if isinstance(item, RemovableHandle):
+            return self._handle(item)
         if not _is_container(item):
             return item
         found = self._copies.get(id(item))
@@ -123,9 +142,24 @@ class StateView:
         self._copies[id(item)] = copied
         return copied
 
+    def _handle(self, handle: RemovableHandle) -> RemovableHandle:
+        """A hook handle whose ``remove`` removes the hook from the shadow's copies of the hook dicts
+        (a lazy module's pre-hook removes itself on its first call)."""
+        found = self._copies.get(id(handle))
+        if found is not None:
+            return found
+        self._keepalive.append(handle)
+        copied = self._copies[id(handle)] = copy.copy(handle)
+        copied.hooks_dict_ref = _copied_ref(self, handle.hooks_dict_ref)
+        copied.extra_dict_ref = tuple(_copied_ref(self, ref) for ref in handle.extra_dict_ref)
+        return copied
+
     def state_tensors(self, module: nn.Module) -> list[torch.Tensor]:
-        """Every parameter and buffer of a module, as meta stand-ins."""
-        return [self.tensor(t) for t in (*module.parameters(), *module.buffers())]
+        """Every parameter and buffer of a module, as meta stand-ins for the devices they are on (an
+        uninitialized one, whose size its first call decides, as one element on its device)."""
+        return [tag(torch.empty((1,), device="meta"), self.device_of_state(t))
+                if isinstance(t, UninitializedTensorMixin) else self.tensor(t)
+                for t in (*module.parameters(), *module.buffers())]
 
     def signature(self, module: nn.Module) -> Hashable:
         """Everything a standard torch.nn module's forward depends on; Uncacheable otherwise."""
@@ -157,6 +191,13 @@ class StateView:
                 continue  # weak references mirror state that is already part of the signature
             if name == "_modules":
                 parts.append(tuple((k, None if m is None else self.signature(m)) for k, m in item.items()))
+            elif name in ("_parameters", "_buffers"):
+                if any(isinstance(t, UninitializedTensorMixin) for t in item.values()):
+                    raise Uncacheable  # a lazy module: its first call decides its parameters
+                # the values fxprop knows of its state (`remember` above) are part of what it computes
+                parts.append((name, signature(item), tuple((k, tuple(t.detach().reshape(-1).tolist()))
+                                                           for k, t in item.items()
+                                                           if t is not None and values_worth_knowing(t))))
             else:
                 parts.append((name, signature(item)))
         return tuple(parts)
@@ -166,3 +207,11 @@ def _is_container(item: Any) -> bool:
     if isinstance(item, (list, tuple, set, frozenset, dict, collections.deque, types.SimpleNamespace)):
         return not isinstance(item, torch.Size)
     return dataclasses.is_dataclass(item) and not isinstance(item, type) and hasattr(item, "__dict__")
+
+
+def _copied_ref(view: StateView, ref: weakref.ref) -> weakref.ref:
+    """A weak reference to the view's copy of the dict ``ref`` refers to (a dead one stays dead)."""
+    target = ref()
+    if target is None:
+        return ref
+    return weakref.ref(view._detached(target))

@@ -42,7 +42,7 @@ from .module_state import StateView
 from ..resolve.registry import generation as registry_generation
 from .source import source_line
 from .inputs import to_internal, traced_example
-from ..torch_compat import FakeTensorMode
+from ..torch_compat import FakeTensorMode, pytree
 from .walk import KNOWN_INPUTS, GraphWalk, Provenance, _op_name
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -283,7 +283,7 @@ class Propagation:
         self.session.walk_subgraph = self.walk_subgraph
         self.session.open_region, self.session.close_region = self.open_region, self.close_region
         self.regions: list[tuple[Hashable, Callable | None, Callable[[], None]]] = []
-        self.state = StateView(options.param_device)
+        self.state = StateView(options.param_device, self.session.real_values)
         self.symbols = symbols
         self.mode = RuleDispatch(self.session)
         self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))
@@ -374,6 +374,11 @@ class Propagation:
     def close_region(self) -> None:
         self.environment, self.around, on_close = self.regions.pop()
         on_close()
+
+    def knows_values_in(self, value: Any) -> bool:
+        """Whether a result holds a tensor whose values are known (`fxprop.engine.value_flow`)."""
+        known = self.session.real_values
+        return bool(known) and any(isinstance(leaf, torch.Tensor) and leaf in known for leaf in pytree.tree_leaves(value))
 
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""

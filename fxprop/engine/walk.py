@@ -210,8 +210,8 @@ class GraphWalk:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
                     self.propagation.refresh_environment()
-            elif hit is None and not created_symbols:
-                memo.store(args, kwargs, value, provenance)
+            elif hit is None and not created_symbols and not self.propagation.knows_values_in(value):
+                memo.store(args, kwargs, value, provenance)  # a result with known values is not one to reuse
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)
         return value, provenance

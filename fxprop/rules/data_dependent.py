@@ -256,3 +256,20 @@ def is_nonzero(self: torch.Tensor) -> Any:
     check(self.numel() != 0, lambda: "Boolean value of Tensor with no values is ambiguous")
     check(self.numel() == 1, lambda: "Boolean value of Tensor with more than one value is ambiguous")
     return _answer_from_values(lambda t: bool(t), self)
+
+
+@rule(aten._nested_tensor_from_mask_left_aligned.default)
+def nested_tensor_from_mask_left_aligned(t: torch.Tensor, mask: torch.Tensor):
+    """Whether every row of the padding mask is a run of True then of False: a question about the
+    mask's values alone (of ``t`` the kernel reads the sizes). Answered for a mask whose values are
+    known (TransformerEncoder's fast-path check of a real padding mask), else a fresh bool."""
+    check(mask.dtype == torch.bool, lambda: f"Expected mask to be of type Bool, got {mask.dtype}")
+    check(mask.dim() == 2, lambda: "Padding mask should be 2D")
+    check(t.dim() == 3, lambda: "Input should be a 3D tensor, N * L * D")
+    check(t.shape[0] == mask.shape[0] and t.shape[1] == mask.shape[1], lambda: "Mask size should match input size")
+    known = known_values(mask)
+    if known is None:
+        return symbolic.current().fresh_value(torch.bool)
+    with context.on_host():
+        sizes_only = torch.zeros((), dtype=t.dtype).expand(tuple(t.shape))
+        return aten._nested_tensor_from_mask_left_aligned.default(sizes_only, known)

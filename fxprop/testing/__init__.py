@@ -360,18 +360,24 @@ class _TensorState:
     version: int
     grad_fn: Any
     grad: Any
+    cls: type
 
     @staticmethod
     def of(tensor: torch.Tensor) -> "_TensorState":
+        if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+            # A lazy module's parameter before its first call: no data or metadata to read yet, so
+            # its class (materializing turns it into a Parameter) and its placeholder shape stand for it.
+            return _TensorState(tensor, None, "uninitialized", None, None, None, None, None, None, type(tensor))
         bits = None
         if tensor.device.type != "meta" and not isinstance(tensor, FakeTensor) and tensor.layout is torch.strided:
             with torch.no_grad():
                 bits = tensor.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
         return _TensorState(tensor, bits, tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad,
-                            version_counter(tensor), tensor.grad_fn, tensor.grad if tensor.is_leaf else None)
+                            version_counter(tensor), tensor.grad_fn, tensor.grad if tensor.is_leaf else None,
+                            type(tensor))
 
     def differences(self, after: "_TensorState", where: str) -> list[str]:
-        fields = ("bits", "shape", "stride", "dtype", "requires_grad", "version", "grad_fn", "grad")
+        fields = ("cls", "bits", "shape", "stride", "dtype", "requires_grad", "version", "grad_fn", "grad")
         return [f"{where}: {name} changed" + ("" if name == "bits" else f" ({getattr(self, name)!r} -> {getattr(after, name)!r})")
                 for name in fields if not _same(getattr(self, name), getattr(after, name))]
 
