@@ -35,7 +35,8 @@ from .containers import FakeTensorFactory, map_structure, tensor_metadata
 from .context import NodeRecord, Session, swap_session
 from .devices import default_device_if_set, device_of, logical_default_device, merge_devices, tag
 from .devices.transfers import tensors_in
-from .dispatch import RuleDispatch
+from .dispatch import DTensorDispatch, RuleDispatch
+from . import dtensors
 from .errors import InputError, InternalError, NodeError, PropagationError, UnsupportedError
 from .exported import program_inputs, sync_symbols, user_outputs
 from .index_values import IndexValues
@@ -44,7 +45,7 @@ from .modules import StateView
 from .registry import generation as registry_generation, target_name
 from .resolution import reaches_dispatch, resolve_call
 from .source import source_line
-from .specs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like, to_internal, traced_example, values_worth_knowing
+from .specs import TensorSpec, meta_like, to_internal, traced_example, values_worth_knowing
 from .torch_compat import FakeTensorMode
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -114,14 +115,21 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     flat_inputs = _flatten_inputs(gm, inputs)
     _check_arity(placeholders, flat_inputs)
-    symbols = symbolic.SymbolicSession()
-    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            _garbage_collection_paused():
-        propagation = Propagation(gm, options, symbols)
-        internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
-                                propagation.session.real_values)
-                    for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
-        output = propagation.run(lambda: propagation.walk(gm, internal))
+    with_dtensors = _holds_dtensors(gm, flat_inputs)
+    while True:
+        symbols = symbolic.SymbolicSession()
+        with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
+                _garbage_collection_paused():
+            propagation = Propagation(gm, options, symbols, with_dtensors)
+            internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
+                                    propagation.session.real_values)
+                        for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
+            try:
+                output = propagation.run(lambda: propagation.walk(gm, internal))
+            except _DTensorMade:
+                with_dtensors = True  # a node made one (DTensor.from_local): again, DTensor's way
+                continue
+        break
     codegen = torch_compat.pytree_codegen(gm)
     if codegen is not None and codegen.pytree_info.out_spec is not None:
         return codegen.process_outputs(output)
@@ -159,6 +167,22 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
         propagation = Propagation(gm, options, symbols)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
+
+
+class _DTensorMade(Exception):
+    """A node of a graph propagated without DTensor handling made a DTensor: start again with it."""
+
+
+def _holds_dtensors(gm: torch.fx.GraphModule, inputs: list) -> bool:
+    """Whether the graph's inputs or its module's state hold DTensors: checked once per call, so
+    that graphs without them take the plain path (no DTensor can exist before its module is imported)."""
+    if torch_compat.dtensor_type() is None and not any(isinstance(value, TensorSpec) and value.mesh is not None
+                                                       for value in inputs):
+        return False
+    found = []
+    map_structure(lambda tensor: found.append(dtensors.is_dtensor(tensor)), inputs)
+    return (any(found) or any(isinstance(value, TensorSpec) and value.mesh is not None for value in inputs)
+            or any(dtensors.is_dtensor(tensor) for tensor in (*gm.parameters(), *gm.buffers())))
 
 
 @contextlib.contextmanager
@@ -297,7 +321,8 @@ def _check_arity(placeholders: list[torch.fx.Node], inputs: list) -> None:
 class Propagation:
     """One `propagate` or `repropagate` call: the state every graph it walks shares."""
 
-    def __init__(self, gm: torch.fx.GraphModule, options: _Options, symbols: symbolic.SymbolicSession):
+    def __init__(self, gm: torch.fx.GraphModule, options: _Options, symbols: symbolic.SymbolicSession,
+                 with_dtensors: bool = False):
         self.gm = gm
         self.options = options
         self.session = Session(options.fallback_limit_bytes)
@@ -306,7 +331,9 @@ class Propagation:
         self.regions: list[tuple[Hashable, Callable | None, Callable[[], None]]] = []
         self.state = StateView(options.param_device)
         self.symbols = symbols
-        self.mode = RuleDispatch(self.session)
+        self.sharding = dtensors.ShardingRecorder() if with_dtensors else None
+        self.mode = DTensorDispatch(self.session, self.sharding) if with_dtensors else RuleDispatch(self.session)
+        self.shardings: dict[torch.fx.Node, dtensors.NodeSharding] = {}
         self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))
         self.staged: dict[torch.fx.Node, tuple] = {}
         self.index_values = IndexValues()
@@ -329,7 +356,8 @@ class Propagation:
         autograd_modes = torch_compat.autograd_modes(self.gm)
         failed = True
         try:
-            with logical_default_device():
+            with logical_default_device(), \
+                    self.sharding.observing() if self.sharding is not None else contextlib.nullcontext():
                 output = walk()
             failed = False
         finally:
@@ -399,7 +427,7 @@ class Propagation:
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""
         cache = self.options.memo
-        if cache is None:
+        if cache is None or self.sharding is not None:  # a DTensor's signature would not hold its placements
             return None
         symbolic_call = self.symbols.active
         if symbolic_call:
@@ -421,6 +449,13 @@ class Propagation:
                 node.meta.pop("tensor_meta", None)
             node.meta["type"] = value_type
             node.meta["fxprop"] = provenance
+        if self.sharding is not None or self.gm.meta.get("fxprop", {}).get("dtensors"):
+            for node in self.staged:
+                sharding = self.shardings.get(node)
+                if sharding is not None:
+                    node.meta[dtensors.META_KEY] = sharding
+                else:
+                    node.meta.pop(dtensors.META_KEY, None)
         kinds: dict[str, int] = {}
         fallback_bytes = 0
         for node in self.gm.graph.nodes:
@@ -435,7 +470,7 @@ class Propagation:
         summary = self.gm.meta.setdefault("fxprop", {})
         memo = self.options.memo
         summary.update({"kinds": kinds, "fallback_bytes": fallback_bytes,
-                        "cache": memo.stats() if memo is not None else None})
+                        "cache": memo.stats() if memo is not None else None, "dtensors": self.sharding is not None})
 
 
 def _node_device_of_current_session():
@@ -486,6 +521,8 @@ class GraphWalk:
             if error.node_name is not None:
                 raise
             raise self.placed(node, error) from (error.__cause__ or error)
+        except _DTensorMade:
+            raise
         except Exception as error:
             blamed = blame(error)
             raise self.placed(node, blamed) from error
@@ -563,7 +600,7 @@ class GraphWalk:
                                            error_type=RuntimeError)
                 if not (self.dirty is not None and "val" in node.meta):
                     raise PropagationError(f"node %{node.name} is used before it is defined", error_type=NameError)
-                self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
+                self.env[node] = map_structure(_internal_again, node.meta["val"])
                 known = self.gm.meta.get(KNOWN_INPUTS, {}).get(node.name) if node.op == "placeholder" else None
                 if known is not None and isinstance(self.env[node], torch.Tensor):
                     self.propagation.session.real_values.remember(self.env[node], known)
@@ -625,13 +662,17 @@ class GraphWalk:
         record = NodeRecord(device=device)
         propagation.session.record = record
         mode = propagation.mode
+        sharding = propagation.sharding
+        if sharding is not None:
+            sharding.begin(args, kwargs)
         with torch.device("meta"), mode, symbolic.dispatcher(propagation.symbols):
             if rule.kind is Kind.PYTHON and not reaches_dispatch(call_target):
                 with mode.running(call_target if node.op != "call_module" else type(target)):
                     value = rule.fn(*call_args, **call_kwargs)
                 kind, name, via = Kind.PYTHON, rule.name, None
             else:
-                value = _invoke(call_target, call_args, call_kwargs)
+                value = _invoke(call_target, call_args, call_kwargs) if sharding is None else \
+                    _invoke_with_dtensors(call_target, call_args, call_kwargs)
                 if rule.composite:
                     kind, name, via = record.kind or Kind.PLAIN, rule.name, record.rule or None
                 else:  # an aten op that reached the dispatch: its rule is the one the dispatch applied
@@ -640,6 +681,8 @@ class GraphWalk:
         map_structure(lambda t: produced.append(tag(t, device) if device is not None else t), value)
         if not produced:
             device_rule = None  # a python value: no device was placed
+        if sharding is not None:
+            propagation.shardings[node] = sharding.finish(value)
         return value, Provenance(kind, name, record.fallback_bytes, device_rule, via)
 
     def nested_graph(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> tuple[Any, Provenance]:
@@ -665,9 +708,10 @@ class GraphWalk:
         def to_fake(tensor: torch.Tensor):
             nonlocal found_tensor
             found_tensor = True
-            if is_dtensor(tensor):  # made in the graph (DTensor.from_local): its later ops would be guessed
-                raise UnsupportedError(f"the result is a DTensor (placements {tensor.placements}): "
-                                       f"{DTENSORS_NOT_PROPAGATED}")
+            if dtensors.is_dtensor(tensor):
+                if self.propagation.sharding is None:  # made in the graph (DTensor.from_local)
+                    raise _DTensorMade
+                return dtensors.stage_dtensor(tensor, make_fake)
             return make_fake(tensor, device_of(tensor))
 
         fake = map_structure(to_fake, value)
@@ -704,6 +748,24 @@ def _invoke(target: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(target, str):
         return getattr(args[0], target)(*args[1:], **kwargs)
     return target(*args, **kwargs)
+
+
+def _invoke_with_dtensors(target: Any, args: tuple, kwargs: dict) -> Any:
+    """`_invoke` where DTensors may take part: an op DTensor has no sharding strategy for is one
+    fxprop cannot answer (it takes placements from DTensor alone), not the model's error."""
+    try:
+        return _invoke(target, args, kwargs)
+    except PropagationError as error:
+        if "sharding strategy" in str(error):
+            raise dtensors.refuse_unsharded(error, target, args, kwargs) from error
+        raise
+
+
+def _internal_again(fake: torch.Tensor) -> torch.Tensor:
+    """An annotation as a value to compute on again (`repropagate`)."""
+    if dtensors.is_dtensor(fake):
+        return dtensors.internal_dtensor(fake, meta_like)
+    return meta_like(fake, fake.device)
 
 
 def _op_name(node: torch.fx.Node) -> str:

@@ -24,8 +24,8 @@ from torch import nn
 
 from .cache import Uncacheable, signature
 from .devices import normalize_device, tag
-from .errors import UnsupportedError
-from .specs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like
+from .dtensors import as_parameter, internal_dtensor, is_dtensor
+from .specs import meta_like
 from .torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -51,12 +51,14 @@ class StateView:
         found = self._tensors.get(id(real))
         if found is None:
             if is_dtensor(real):
-                raise UnsupportedError(f"a DTensor parameter, buffer or constant (placements {real.placements}): "
-                                       f"{DTENSORS_NOT_PROPAGATED}")
-            meta = meta_like(real.detach(), self.device_of_state(real))
-            if isinstance(real, nn.Parameter):
+                meta = internal_dtensor(real, meta_like)
+                if isinstance(real, nn.Parameter):
+                    meta = as_parameter(meta, real.requires_grad)
+            elif isinstance(real, nn.Parameter):
+                meta = meta_like(real.detach(), self.device_of_state(real))
                 meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))
             else:
+                meta = meta_like(real.detach(), self.device_of_state(real))
                 meta.requires_grad_(real.requires_grad)
             self._tensors[id(real)] = found = meta
             self._versions_made[id(meta)] = version_counter(meta)
