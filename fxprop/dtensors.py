@@ -168,6 +168,8 @@ class Redistribution:
     steps: tuple
     collectives: tuple[Collective, ...]
     explicit: bool = False  # called as DTensor.redistribute, not chosen by an op's sharding
+    parameter: bool = False  # the tensor redistributed is a parameter of the module the node calls
+    local_bytes: int = 0  # bytes of the redistributed local tensor (FSDP's gathered parameter)
 
 
 @dataclass
@@ -184,6 +186,11 @@ class NodeSharding:
     redistributions: list[Redistribution] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
     flops: int = 0
+
+    @property
+    def gathered_parameter_bytes(self) -> int:
+        """Bytes of the parameters the node's module gathered before it ran (FSDP), live while it runs."""
+        return sum(r.local_bytes for r in self.redistributions if r.parameter)
 
     def comm(self) -> dict[str, dict[str, int]]:
         """{kind: {"count", "send_bytes", "receive_bytes"}} over this node's collectives."""
@@ -243,9 +250,11 @@ class ShardingRecorder:
         self.open: list[list[Collective]] = []  # collectives of the redistributions in progress
         self.group_dims: dict[str, Any] = {}
         self.meshes: set[int] = set()
+        self.parameters: set[int] = set()
 
-    def begin(self, args: tuple, kwargs: dict) -> NodeSharding:
+    def begin(self, args: tuple, kwargs: dict, state: tuple = ()) -> NodeSharding:
         self.node = NodeSharding()
+        self.parameters = {id(local_tensor_of(value)) for value in state if is_dtensor(value)}
         self.open = []
         flat = []
         _flatten((args, kwargs), flat)
@@ -295,17 +304,19 @@ class ShardingRecorder:
         collectives: list[Collective] = []
         self.learn_mesh(current.mesh)
         self.open.append(collectives)
+        result: list = []
         try:
-            yield
+            yield result
         finally:
             self.open.remove(collectives)
         if self.node is None:
             return
         argument = next((i for i, arg in enumerate(self.arguments) if arg is local), None)
         steps = tuple(transform_steps(infos))
+        local_bytes = _nbytes(result[0]) if result else 0
         self.node.redistributions.append(Redistribution(argument, tuple(current.placements),
                                                         tuple(target.placements), steps, tuple(collectives),
-                                                        explicit))
+                                                        explicit, id(local) in self.parameters, local_bytes))
 
     def observing(self):
         def observe(local, current, target, infos, explicit=False):

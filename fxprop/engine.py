@@ -664,7 +664,7 @@ class GraphWalk:
         mode = propagation.mode
         sharding = propagation.sharding
         if sharding is not None:
-            sharding.begin(args, kwargs)
+            sharding.begin(args, kwargs, tuple(state.state_tensors(target)) if node.op == "call_module" else ())
         with torch.device("meta"), mode, symbolic.dispatcher(propagation.symbols):
             if rule.kind is Kind.PYTHON and not reaches_dispatch(call_target):
                 with mode.running(call_target if node.op != "call_module" else type(target)):

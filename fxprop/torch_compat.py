@@ -497,7 +497,8 @@ _redistribution_lock = threading.RLock()
 def observing_redistributions(observe):
     """While the block runs, each call of DTensor's ``redistribute_local_tensor`` (implicit, from
     an op's sharding, or explicit, ``DTensor.redistribute``) runs inside ``observe(local, current_spec,
-    target_spec, transform_infos, explicit)``, a context manager; ``transform_infos`` are the steps of its
+    target_spec, transform_infos, explicit)``, a context manager
+    whose value is a list the result is appended to; ``transform_infos`` are the steps of its
     planner. torch binds the function by name in two modules: both are replaced for the block."""
     import torch.distributed.tensor._api as api
     import torch.distributed.tensor._dispatch as dispatch
@@ -507,8 +508,10 @@ def observing_redistributions(observe):
     @functools.wraps(original)
     def observed(local_tensor, current_spec, target_spec, *args, **kwargs):
         steps = redistribute._gen_transform_infos(current_spec, target_spec)
-        with observe(local_tensor, current_spec, target_spec, steps, kwargs.get("is_explicit", False)):
-            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        with observe(local_tensor, current_spec, target_spec, steps, kwargs.get("is_explicit", False)) as result:
+            output = original(local_tensor, current_spec, target_spec, *args, **kwargs)
+            result.append(output)
+            return output
     modules = (redistribute, dispatch, api)
     with _redistribution_lock:
         saved = [module.redistribute_local_tensor for module in modules]

@@ -25,6 +25,7 @@ from torch import nn
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
                             functorch_unwrapped, is_composite_implicit, packet_of, pytree)
 from ..cache import Uncacheable, symbolic_signature
+from ..dtensors import META_KEY
 from ..modules import StateView
 from ..flop_formulas import EXTRA_FORMULAS, FORMULAS  # noqa: F401  (re-exported)
 
@@ -156,6 +157,9 @@ class FlopCounter:
         """The FLOPs of ``node`` (an int, or a SymInt for symbolic sizes); 0 for nodes that do no math."""
         if node.op not in ("call_function", "call_method", "call_module"):
             return 0
+        sharding = node.meta.get(META_KEY)
+        if sharding is not None:  # a DTensor graph's node: its local ops were counted as they ran
+            return sharding.flops
         if isinstance(node.target, HigherOrderOperator):
             return self.higher_order(node)
         args = torch.fx.node.map_arg(node.args, _annotation)
