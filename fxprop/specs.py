@@ -35,7 +35,7 @@ class TensorSpec:
     """A tensor known only by its metadata.
 
     >>> TensorSpec((8, 512), dtype=torch.int64, device="cuda:0")
-    TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False)
+    TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False, mesh=None, placements=None)
 
     With ``mesh`` (a `DeviceMesh`) and ``placements`` (one per mesh dim: ``Shard(0)``,
     ``Replicate()``...), it is a DTensor of global ``shape`` whose local tensor is this rank's
