@@ -15,7 +15,7 @@ from .errors import (DataDependentError, DeviceMismatchError, FallbackLimitError
                      InternalError, NodeError, PropagationError, RuleRegistrationError, UnsupportedError)
 from .kinds import Kind, Rule
 from .resolve.lookup import lookup
-from .meshes import mesh_simulation, release_simulated_mesh, simulated_mesh
+from .distributed.meshes import mesh_simulation, release_simulated_mesh, simulated_mesh
 from .compile_backend import backend
 from .resolve.registry import registered_rules, rule, unregister
 from .engine.inputs import TensorSpec

@@ -1,8 +1,10 @@
 """Every private torch name fxprop reads or patches, in one place.
 
 A torch upgrade is a review of this file: each name below is one torch keeps private (a
-leading underscore somewhere in its path), and `tests/test_torch_compat.py` checks that no
+leading underscore somewhere in its path), and `tests/test_structure.py` checks that no
 other fxprop module reaches one, and that the patched name is still the one torch consults.
+Longer than 500 lines because of that: one file to review is the point, and each entry is a
+name or a thin wrapper around one, filed by the torch subsystem it reaches into.
 
 The one patch, `device_hint`, is installed by `install_patches` on the first propagate,
 never on import.
@@ -465,3 +467,117 @@ def register_fake_process_group_backend() -> None:
     completes at once on this process, as a mesh of N ranks would, without moving data). Its
     creator lives in ``torch.testing._internal.distributed.fake_pg``, torch's own tool for this."""
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+
+# --- DTensor: its local tensor and spec, its planner's redistributions, local shapes per rank ---
+
+def dtensor_type() -> type | None:
+    """The DTensor class, or None where its module is not imported (no DTensor can exist then)."""
+    import sys
+    module = sys.modules.get("torch.distributed.tensor")
+    return module.DTensor if module is not None else None
+
+
+def local_tensor_of(dtensor: Any) -> torch.Tensor:
+    """A DTensor's local shard, the tensor itself (``to_local()`` would go through autograd)."""
+    return dtensor._local_tensor
+
+
+def dtensor_spec_of(dtensor: Any) -> Any:
+    return dtensor._spec
+
+
+def make_dtensor(local: torch.Tensor, spec: Any, requires_grad: bool) -> Any:
+    """A DTensor of ``spec`` (mesh, placements, global shape and stride) around ``local``, built as
+    DTensor's own ops build their results: no collective, no check of the local shape."""
+    from torch.distributed.tensor import DTensor
+    return DTensor(local, spec, requires_grad=requires_grad)
+
+
+def dtensor_spec(mesh: Any, placements: tuple, shape: tuple, stride: tuple, dtype: torch.dtype) -> Any:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+
+
+def local_shape_at(global_shape: tuple, mesh_shape: tuple, coordinate: tuple, placements: tuple) -> tuple[int, ...]:
+    """The local shard's shape of a DTensor of ``global_shape`` at mesh ``coordinate``: DTensor's
+    own arithmetic (uneven splits, ``_StridedShard`` included)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    shape, _ = _compute_local_shape_and_global_offset(global_shape, mesh_shape, list(coordinate), placements,
+                                                      skip_offset=True)
+    return tuple(shape)
+
+
+def group_name_of(group: Any) -> str:
+    return group.group_name
+
+
+_redistribution_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def observing_redistributions(observe):
+    """While the block runs, each call of DTensor's ``redistribute_local_tensor`` (implicit, from
+    an op's sharding, or explicit, ``DTensor.redistribute``) runs inside ``observe(local, current_spec,
+    target_spec, transform_infos, explicit)``, a context manager
+    whose value is a list the result is appended to; ``transform_infos`` are the steps of its
+    planner. torch binds the function by name in two modules: both are replaced for the block."""
+    import torch.distributed.tensor._api as api
+    import torch.distributed.tensor._dispatch as dispatch
+    import torch.distributed.tensor._redistribute as redistribute
+    original = redistribute.redistribute_local_tensor
+
+    @functools.wraps(original)
+    def observed(local_tensor, current_spec, target_spec, *args, **kwargs):
+        steps = redistribute._gen_transform_infos(current_spec, target_spec)
+        with observe(local_tensor, current_spec, target_spec, steps, kwargs.get("is_explicit", False)) as result:
+            output = original(local_tensor, current_spec, target_spec, *args, **kwargs)
+            result.append(output)
+            return output
+    modules = (redistribute, dispatch, api)
+    with _redistribution_lock:
+        saved = [module.redistribute_local_tensor for module in modules]
+        for module in modules:
+            module.redistribute_local_tensor = observed
+        try:
+            yield
+        finally:
+            for module, function in zip(modules, saved):
+                module.redistribute_local_tensor = function
+
+
+def transform_steps(infos: Any) -> list[tuple[int, Any, Any]]:
+    """The planner's steps as (mesh dim, from placement, to placement)."""
+    return [(info.mesh_dim, *info.src_dst_placements) for info in infos]
+
+
+def group_size_of(group_name: str) -> int:
+    """The size of the process group a functional collective names."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(group_name).size()
+
+
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """Whether the module has forward hooks or forward pre-hooks of its own (a parallel style's)."""
+    return bool(module._forward_pre_hooks or module._forward_hooks)
+
+
+def strided_shard(dim: int, split_factor: int) -> Any:
+    """The placement FSDP2 gives dim ``dim`` on its mesh dim when tensor parallelism already shards
+    that dim ``split_factor`` ways: gathering it on the FSDP dim alone is one all-gather."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+def forget_dtensor_caches() -> None:
+    """Clear DTensor's caches of sharding decisions and redistribution plans. They are keyed by
+    meshes that compare equal across process groups (same shape, same names), and hold the
+    meshes (and group names) of the first: after a simulated world is replaced, a plan cached
+    for the old one would name groups that no longer exist."""
+    import sys
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()

@@ -24,6 +24,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 import fxprop
+import fxprop.examples  # noqa: F401
 from fxprop.testing import assert_matches_real, compare_with_traced, traced_values
 
 
@@ -195,3 +196,68 @@ def rank_worker(rank: int, world_size: int, port: int) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+# --- DTensor values through a graph: the eager reference ------------------------------------
+
+def describe(value):
+    """A module's output as the reference and fxprop's annotation are compared: a DTensor by its
+    placements, local shape and global shape; a tensor by its shape; tuples item by item."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(value, DTensor):
+        return ("DTensor", tuple(value.placements), tuple(value.to_local().shape), tuple(value.shape))
+    if isinstance(value, torch.Tensor):
+        return ("Tensor", tuple(value.shape))
+    if isinstance(value, (tuple, list)):
+        return tuple(describe(item) for item in value)
+    return type(value).__name__
+
+
+def eager_reference(model: nn.Module, *inputs) -> tuple[dict, dict]:
+    """The model run eagerly (meta DTensors on a simulated mesh, or real ones on gloo) under
+    CommDebugMode: each submodule's output described, and the collectives counted by kind."""
+    from torch.distributed.tensor.debug import CommDebugMode
+    outputs: dict = {}
+    handles = [module.register_forward_hook(lambda _, args, out, name=name: outputs.__setitem__(name, describe(out)))
+               for name, module in model.named_modules()]
+    try:
+        with CommDebugMode() as comm, torch.no_grad():
+            outputs[""] = describe(model(*inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs, {str(op).split(".")[-1]: count for op, count in comm.get_comm_counts().items()}
+
+
+def propagated(gm: torch.fx.GraphModule) -> tuple[dict, dict]:
+    """The same, read from fxprop's annotations: each call_module node's value, the graph's output,
+    and the collectives its nodes recorded."""
+    outputs = {str(node.target): describe(node.meta["val"]) for node in gm.graph.nodes if node.op == "call_module"}
+    output = gm.graph.find_nodes(op="output")[0]
+    value = output.meta["val"]
+    outputs[""] = describe(value[0] if isinstance(value, tuple) and len(value) == 1 else value)
+    counts: dict = {}
+    for node in gm.graph.nodes:
+        sharding = node.meta.get("fxprop_dtensor")
+        for collective in (sharding.collectives if sharding is not None else ()):
+            counts[collective.kind] = counts.get(collective.kind, 0) + 1
+    return outputs, counts
+
+
+def tiny_llama_config():
+    return fxprop.examples.LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=8, n_kv_heads=4, ffn_dim=128)
+
+
+def tiny_llama(mesh, *, fsdp: bool, sequence_parallel: bool = True, device: str = "meta") -> nn.Module:
+    """The Llama-style decoder parallelized with `fxprop.distributed.parallel.llama_plan` on ``mesh["tp"]``
+    and, with ``fsdp``, its parameters sharded on ``mesh["dp"]`` (`fxprop.distributed.parallel.shard_parameters`)."""
+    from fxprop.distributed import parallel
+    config = tiny_llama_config()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = fxprop.examples.Llama(config)
+    tp = mesh["tp"] if mesh.ndim > 1 else mesh
+    model = parallelize_module(model, tp, parallel.llama_plan(config.n_layers, sequence_parallel))
+    if fsdp:
+        parallel.shard_parameters(model, mesh, "dp")
+    return model

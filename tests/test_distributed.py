@@ -80,43 +80,14 @@ def test_functional_collectives(dynamic):
     assert checked.meta_kernels_wrong == set(cases.TORCH_META_KERNELS_WRONG)  # fxprop follows the real ops there
 
 
-def test_a_dtensor_input_is_refused_until_dtensors_are_propagated():
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-    with simulated((4,)) as mesh:
-        torch._dynamo.reset()
-        torch.compile(cases.tensor_parallel(mesh), backend=backend)(torch.randn(2, 16))
-        gm, inputs = graphs[0]
-        assert any(isinstance(value, DTensor) for value in inputs)
-        with pytest.raises(fxprop.InputError, match="DTensor values are not propagated yet"):
-            fxprop.propagate(gm, *inputs)
-
-
-def test_a_dtensor_made_in_the_graph_is_refused_not_guessed():
-    """Its later ops would run on its global shape as a plain tensor: the node that makes it is refused."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append((gm, example_inputs))
-        return gm.forward
-    with simulated((4,)) as mesh:
-        def f(x):
-            return (DTensor.from_local(x, mesh, [Shard(0)], run_check=False) * 2).redistribute(mesh, [Replicate()])
-        torch._dynamo.reset()
-        torch.compile(f, backend=backend)(torch.randn(2, 3))
-        gm, inputs = graphs[0]
-        with pytest.raises(fxprop.UnsupportedError, match=r"the result is a DTensor \(placements \(Shard\(dim=0\),\)\)"):
-            fxprop.propagate(gm, *inputs)
-
-
-def test_a_dtensor_parameter_is_refused_not_guessed():
+def test_a_dtensor_parameter_of_a_traced_module_propagates():
+    """Once refused; now DTensor's own sharding propagation (tests/test_dtensors.py checks it against eager)."""
     with simulated((4,)) as mesh:
         gm = torch.fx.symbolic_trace(cases.tensor_parallel(mesh))
-        with pytest.raises(fxprop.UnsupportedError, match="a DTensor parameter.*Shard"):
-            fxprop.propagate(gm, torch.randn(2, 16))
+        out = fxprop.propagate(gm, torch.randn(2, 16))
+    assert tuple(out.shape) == (2, 16)
+    assert [c.kind for n in gm.graph.nodes if "fxprop_dtensor" in n.meta
+            for c in n.meta["fxprop_dtensor"].collectives] == ["all_reduce"]
 
 
 # --- each collective against the real op ---------------------------------------------------

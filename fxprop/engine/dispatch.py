@@ -30,7 +30,7 @@ from ..kinds.fallback import refuse_without_kernel_for, run_on_host
 from ..kinds.meta import run_meta
 from ..resolve.order import resolve
 from .inputs import to_internal
-from ..torch_compat import DATA_DEPENDENT_ERRORS, TorchDispatchMode, schema_of
+from ..torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, dtensor_type, schema_of
 
 
 class RuleDispatch(TorchDispatchMode):
@@ -168,6 +168,29 @@ class RuleDispatch(TorchDispatchMode):
         finally:
             self.depth -= 1
             self.in_progress, self.noted_depth = outer, outer_noted
+
+
+class DTensorDispatch(RuleDispatch):
+    """`RuleDispatch` for graphs with DTensor values (`fxprop.distributed.dtensors`): an op on a DTensor is
+    DTensor's (its sharding propagator and redistribute planner run, and the local ops and
+    collectives they issue come back here); every op on local tensors is recorded for the node.
+    Graphs without DTensors use `RuleDispatch` itself, so this costs them nothing."""
+
+    def __init__(self, session: Session, recorder: Any):
+        super().__init__(session)
+        self.recorder = recorder
+        self.dtensor = dtensor_type()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        dtensor = self.dtensor
+        if any(issubclass(t, dtensor) for t in types):
+            return NotImplemented
+        result = super().__torch_dispatch__(func, types, args, kwargs)
+        if not any(issubclass(t, FakeTensor) for t in types):
+            # on FakeTensors: DTensor's sharding propagator computing global metadata (FakeTensorMode,
+            # an infra mode, comes after this one), not the rank's work
+            self.recorder.local_op(func, args, kwargs or {}, result, self.depth)
+        return result
 
 
 def _onto_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

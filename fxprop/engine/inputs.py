@@ -6,7 +6,6 @@ never copied; the user's tensors are only read.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ from .. import symbolic
 from ..devices import device_of, normalize_device, tag
 from ..errors import InputError
 from .known_values import KnownValues
+from ..distributed.dtensors import dtensor_from_spec, internal_dtensor, is_dtensor
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -35,7 +35,12 @@ class TensorSpec:
     """A tensor known only by its metadata.
 
     >>> TensorSpec((8, 512), dtype=torch.int64, device="cuda:0")
-    TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False)
+    TensorSpec(shape=(8, 512), dtype=torch.int64, device=device(type='cuda', index=0), stride=None, requires_grad=False, mesh=None, placements=None)
+
+    With ``mesh`` (a `DeviceMesh`) and ``placements`` (one per mesh dim: ``Shard(0)``,
+    ``Replicate()``...), it is a DTensor of global ``shape`` whose local tensor is this rank's
+    shard, as ``distribute_tensor`` would cut it (see docs/guides/distributed.md); its device is
+    the mesh's device type, whatever ``device`` says.
 
     Dims may be symbolic: a string ("B", "2*T") or a sympy symbol or expression. The same
     name is the same size everywhere, and sizes are positive integers unless the sympy symbol
@@ -47,6 +52,8 @@ class TensorSpec:
     device: torch.device | str = "cpu"
     stride: Sequence[int] | None = None
     requires_grad: bool = False
+    mesh: Any = None
+    placements: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.shape, (int, str)) or not isinstance(self.shape, Sequence):
@@ -62,7 +69,7 @@ class TensorSpec:
         if self.dtype in _UNSUPPORTED_DTYPES:
             raise InputError(f"TensorSpec dtype {self.dtype} is not supported: quantized and bit-packed tensors "
                              "have no meta kernels to propagate them")
-        object.__setattr__(self, "device", normalize_device(self.device))
+        object.__setattr__(self, "device", normalize_device(self.device if self.mesh is None else self.mesh.device_type))
         if self.stride is not None:
             stride = tuple(self.stride)
             if len(stride) != len(shape) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in stride):
@@ -72,8 +79,21 @@ class TensorSpec:
             raise InputError(f"TensorSpec requires_grad must be a bool, got {self.requires_grad!r}")
         if self.requires_grad and not (self.dtype.is_floating_point or self.dtype.is_complex):
             raise InputError(f"only floating point and complex tensors can require gradients, got {self.dtype}")
+        if (self.mesh is None) != (self.placements is None):
+            raise InputError("TensorSpec: mesh and placements go together (a DTensor), got "
+                             f"{'a mesh without placements' if self.placements is None else 'placements without a mesh'}")
+        if self.mesh is not None:
+            placements = tuple(self.placements)
+            if len(placements) != self.mesh.ndim:
+                raise InputError(f"TensorSpec: one placement per mesh dim, got {len(placements)} placements "
+                                 f"for a mesh of shape {tuple(self.mesh.shape)}")
+            if self.stride is not None or not all(type(dim) is int for dim in shape):
+                raise InputError("TensorSpec: a DTensor spec takes concrete sizes and contiguous strides")
+            object.__setattr__(self, "placements", placements)
 
     def to_meta(self) -> torch.Tensor:
+        if self.mesh is not None:
+            return dtensor_from_spec(self.mesh, self.placements, self.shape, self.dtype, self.requires_grad)
         if not all(type(dim) is int for dim in self.shape):
             meta = symbolic.spec_to_meta(self.shape, self.stride, self.dtype)
             meta.requires_grad_(self.requires_grad)
@@ -176,7 +196,7 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         return value
     if isinstance(value, torch.Tensor):
         if is_dtensor(value):
-            raise InputError(f"{where}: a DTensor (placements {value.placements}): {DTENSORS_NOT_PROPAGATED}")
+            return internal_dtensor(value, meta_like)
         if value.is_nested:
             raise InputError(f"{where}: nested tensors are not supported (their sizes vary per component)")
         if value.layout is not torch.strided:
@@ -208,15 +228,6 @@ def to_internal(value: Any, where: str, real_values: KnownValues) -> Any:
         "torch.Tensor (real, meta or fake), fxprop.TensorSpec, a python scalar, an opaque object (a script "
         "object, a DeviceMesh), or a tuple/list/dict of those"
         + (" (convert an array with torch.from_numpy)" if type(value).__module__ == "numpy" else ""))
-
-
-DTENSORS_NOT_PROPAGATED = ("DTensor values are not propagated yet; propagate the graphs AOT autograd hands its "
-                           "compilers, where each DTensor is its local tensor and its mesh")
-
-
-def is_dtensor(value: Any) -> bool:
-    module = sys.modules.get("torch.distributed.tensor")  # a DTensor exists only once its module is imported
-    return module is not None and isinstance(value, module.DTensor)
 
 
 __all__ = ["TensorSpec", "device_of", "meta_like", "parse_dtype", "to_internal"]

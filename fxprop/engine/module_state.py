@@ -32,9 +32,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ..memo.cache import Uncacheable, signature
 from ..devices import normalize_device, tag
-from ..errors import UnsupportedError
 from .known_values import KnownValues
-from .inputs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like, values_worth_knowing
+from ..distributed.dtensors import as_parameter, internal_dtensor, is_dtensor
+from .inputs import meta_like, values_worth_knowing
 from ..torch_compat import own_state, version_counter
 
 _STATE_SLOTS = ("_parameters", "_buffers", "_modules")
@@ -66,12 +66,14 @@ class StateView:
             self._keepalive.append(real)
         if found is None:
             if is_dtensor(real):
-                raise UnsupportedError(f"a DTensor parameter, buffer or constant (placements {real.placements}): "
-                                       f"{DTENSORS_NOT_PROPAGATED}")
-            meta = meta_like(real.detach(), self.device_of_state(real))
-            if isinstance(real, nn.Parameter):
+                meta = internal_dtensor(real, meta_like)
+                if isinstance(real, nn.Parameter):
+                    meta = as_parameter(meta, real.requires_grad)
+            elif isinstance(real, nn.Parameter):
+                meta = meta_like(real.detach(), self.device_of_state(real))
                 meta = tag(nn.Parameter(meta, requires_grad=real.requires_grad), self.device_of_state(real))
             else:
+                meta = meta_like(real.detach(), self.device_of_state(real))
                 meta.requires_grad_(real.requires_grad)
             if self.known is not None and values_worth_knowing(real):
                 self.known.remember(meta, real)  # a counter (num_batches_tracked), an index buffer

@@ -30,20 +30,21 @@ from .. import ambient, symbolic, torch_compat
 from ..memo.backend_flags import environment
 from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, is_pure, may_differentiate, rule_cache,
                           symbolic_signature, verify_by_default)
-from .metadata import FakeTensorFactory
+from .metadata import FakeTensorFactory, map_structure
 from .session import Session
 from ..devices import default_device_if_set, logical_default_device
 from ..devices.transfers import tensors_in
-from .dispatch import RuleDispatch
+from .dispatch import DTensorDispatch, RuleDispatch
+from ..distributed import dtensors
 from ..errors import InputError
 from .exported import program_inputs, sync_symbols, user_outputs
 from ..aten.index_values import IndexValues
 from .module_state import StateView
 from ..resolve.registry import generation as registry_generation
 from .source import source_line
-from .inputs import to_internal, traced_example
+from .inputs import TensorSpec, to_internal, traced_example
 from ..torch_compat import FakeTensorMode, pytree
-from .walk import KNOWN_INPUTS, GraphWalk, Provenance, _op_name
+from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance, _op_name
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
 
@@ -93,14 +94,21 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     flat_inputs = _flatten_inputs(gm, inputs)
     _check_arity(placeholders, flat_inputs)
-    symbols = symbolic.SymbolicSession()
-    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            _garbage_collection_paused():
-        propagation = Propagation(gm, options, symbols)
-        internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
-                                propagation.session.real_values)
-                    for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
-        output = propagation.run(lambda: propagation.walk(gm, internal))
+    with_dtensors = _holds_dtensors(gm, flat_inputs)
+    while True:
+        symbols = symbolic.SymbolicSession()
+        with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
+                _garbage_collection_paused():
+            propagation = Propagation(gm, options, symbols, with_dtensors)
+            internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
+                                    propagation.session.real_values)
+                        for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
+            try:
+                output = propagation.run(lambda: propagation.walk(gm, internal))
+            except DTensorMade:
+                with_dtensors = True  # a node made one (DTensor.from_local): again, DTensor's way
+                continue
+        break
     codegen = torch_compat.pytree_codegen(gm)
     if codegen is not None and codegen.pytree_info.out_spec is not None:
         return codegen.process_outputs(output)
@@ -138,6 +146,18 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
         propagation = Propagation(gm, options, symbols)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
+
+
+def _holds_dtensors(gm: torch.fx.GraphModule, inputs: list) -> bool:
+    """Whether the graph's inputs or its module's state hold DTensors: checked once per call, so
+    that graphs without them take the plain path (no DTensor can exist before its module is imported)."""
+    if torch_compat.dtensor_type() is None and not any(isinstance(value, TensorSpec) and value.mesh is not None
+                                                       for value in inputs):
+        return False
+    found = []
+    map_structure(lambda tensor: found.append(dtensors.is_dtensor(tensor)), inputs)
+    return (any(found) or any(isinstance(value, TensorSpec) and value.mesh is not None for value in inputs)
+            or any(dtensors.is_dtensor(tensor) for tensor in (*gm.parameters(), *gm.buffers())))
 
 
 @contextlib.contextmanager
@@ -276,7 +296,8 @@ def _check_arity(placeholders: list[torch.fx.Node], inputs: list) -> None:
 class Propagation:
     """One `propagate` or `repropagate` call: the state every graph it walks shares."""
 
-    def __init__(self, gm: torch.fx.GraphModule, options: _Options, symbols: symbolic.SymbolicSession):
+    def __init__(self, gm: torch.fx.GraphModule, options: _Options, symbols: symbolic.SymbolicSession,
+                 with_dtensors: bool = False):
         self.gm = gm
         self.options = options
         self.session = Session(options.fallback_limit_bytes)
@@ -285,7 +306,9 @@ class Propagation:
         self.regions: list[tuple[Hashable, Callable | None, Callable[[], None]]] = []
         self.state = StateView(options.param_device, self.session.real_values)
         self.symbols = symbols
-        self.mode = RuleDispatch(self.session)
+        self.sharding = dtensors.ShardingRecorder() if with_dtensors else None
+        self.mode = DTensorDispatch(self.session, self.sharding) if with_dtensors else RuleDispatch(self.session)
+        self.shardings: dict[torch.fx.Node, dtensors.NodeSharding] = {}
         self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))
         self.staged: dict[torch.fx.Node, tuple] = {}
         self.index_values = IndexValues()
@@ -307,7 +330,8 @@ class Propagation:
         autograd_modes = torch_compat.autograd_modes(self.gm)
         failed = True
         try:
-            with logical_default_device(), ambient.entered(session=self.session):
+            with logical_default_device(), ambient.entered(session=self.session), \
+                    self.sharding.observing() if self.sharding is not None else contextlib.nullcontext():
                 output = walk()
             failed = False
         finally:
@@ -383,7 +407,7 @@ class Propagation:
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""
         cache = self.options.memo
-        if cache is None:
+        if cache is None or self.sharding is not None:  # a DTensor's signature would not hold its placements
             return None
         symbolic_call = self.symbols.active
         if symbolic_call:
@@ -407,6 +431,13 @@ class Propagation:
                 node.meta.pop("tensor_meta", None)
             node.meta["type"] = value_type
             node.meta["fxprop"] = provenance
+        if self.sharding is not None or self.gm.meta.get("fxprop", {}).get("dtensors"):
+            for node in self.staged:
+                sharding = self.shardings.get(node)
+                if sharding is not None:
+                    node.meta[dtensors.META_KEY] = sharding
+                else:
+                    node.meta.pop(dtensors.META_KEY, None)
         kinds: dict[str, int] = {}
         fallback_bytes = 0
         for node in self.gm.graph.nodes:
@@ -421,4 +452,4 @@ class Propagation:
         summary = self.gm.meta.setdefault("fxprop", {})
         memo = self.options.memo
         summary.update({"kinds": kinds, "fallback_bytes": fallback_bytes,
-                        "cache": memo.stats() if memo is not None else None})
+                        "cache": memo.stats() if memo is not None else None, "dtensors": self.sharding is not None})

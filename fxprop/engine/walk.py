@@ -20,7 +20,12 @@ from ..kinds import Kind, costlier
 from ..resolve.registry import target_name
 from ..resolve.order import reaches_dispatch, resolve_call
 from .source import source_line
-from .inputs import DTENSORS_NOT_PROPAGATED, is_dtensor, meta_like, values_worth_knowing
+from ..distributed import dtensors
+from .inputs import meta_like, values_worth_knowing
+
+class DTensorMade(Exception):
+    """A node of a graph propagated without DTensor handling made a DTensor: start again with it."""
+
 
 KNOWN_INPUTS = "fxprop_known_inputs"  # gm.meta key: the real values of the inputs, for repropagate
 
@@ -98,6 +103,8 @@ class GraphWalk:
             if error.node_name is not None:
                 raise
             raise self.placed(node, error) from (error.__cause__ or error)
+        except DTensorMade:
+            raise
         except Exception as error:
             blamed = blame(error)
             raise self.placed(node, blamed) from error
@@ -177,7 +184,7 @@ class GraphWalk:
                 if not (self.dirty is not None and node in self.passed and node not in self.dirty
                         and "val" in node.meta):
                     raise PropagationError(f"node %{node.name} is used before it is defined", error_type=NameError)
-                self.env[node] = map_structure(lambda fake: meta_like(fake, fake.device), node.meta["val"])
+                self.env[node] = map_structure(_internal_again, node.meta["val"])
                 known = self.gm.meta.get(KNOWN_INPUTS, {}).get(node.name) if node.op == "placeholder" else None
                 if known is not None and isinstance(self.env[node], torch.Tensor):
                     self.propagation.session.real_values.remember(self.env[node], known)
@@ -239,13 +246,17 @@ class GraphWalk:
         record = NodeRecord(device=device)
         propagation.session.record = record
         mode = propagation.mode
+        sharding = propagation.sharding
+        if sharding is not None:
+            sharding.begin(args, kwargs, tuple(state.state_tensors(target)) if node.op == "call_module" else ())
         with torch.device("meta"), mode, symbolic.dispatcher(propagation.symbols):
             if rule.kind is Kind.PYTHON and not reaches_dispatch(call_target):
                 with mode.running(call_target if node.op != "call_module" else type(target)):
                     value = rule.fn(*call_args, **call_kwargs)
                 kind, name, via = Kind.PYTHON, rule.name, None
             else:
-                value = _invoke(call_target, call_args, call_kwargs)
+                value = _invoke(call_target, call_args, call_kwargs) if sharding is None else \
+                    _invoke_with_dtensors(call_target, call_args, call_kwargs)
                 if rule.composite:
                     kind, name, via = record.kind or Kind.PLAIN, rule.name, record.rule or None
                 else:  # an aten op that reached the dispatch: its rule is the one the dispatch applied
@@ -254,6 +265,8 @@ class GraphWalk:
         map_structure(lambda t: produced.append(tag(t, device) if device is not None else t), value)
         if not produced:
             device_rule = None  # a python value: no device was placed
+        if sharding is not None:
+            propagation.shardings[node] = sharding.finish(value)
         return value, Provenance(kind, name, record.fallback_bytes, device_rule, via)
 
     def nested_graph(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> tuple[Any, Provenance]:
@@ -279,9 +292,10 @@ class GraphWalk:
         def to_fake(tensor: torch.Tensor):
             nonlocal found_tensor
             found_tensor = True
-            if is_dtensor(tensor):  # made in the graph (DTensor.from_local): its later ops would be guessed
-                raise UnsupportedError(f"the result is a DTensor (placements {tensor.placements}): "
-                                       f"{DTENSORS_NOT_PROPAGATED}")
+            if dtensors.is_dtensor(tensor):
+                if self.propagation.sharding is None:  # made in the graph (DTensor.from_local)
+                    raise DTensorMade
+                return dtensors.stage_dtensor(tensor, make_fake)
             return make_fake(tensor, device_of(tensor))
 
         fake = map_structure(to_fake, value)
@@ -317,6 +331,24 @@ def _invoke(target: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(target, str):
         return getattr(args[0], target)(*args[1:], **kwargs)
     return target(*args, **kwargs)
+
+
+def _invoke_with_dtensors(target: Any, args: tuple, kwargs: dict) -> Any:
+    """`_invoke` where DTensors may take part: an op DTensor has no sharding strategy for is one
+    fxprop cannot answer (it takes placements from DTensor alone), not the model's error."""
+    try:
+        return _invoke(target, args, kwargs)
+    except PropagationError as error:
+        if "sharding strategy" in str(error):
+            raise dtensors.refuse_unsharded(error, target, args, kwargs) from error
+        raise
+
+
+def _internal_again(fake: torch.Tensor) -> torch.Tensor:
+    """An annotation as a value to compute on again (`repropagate`)."""
+    if dtensors.is_dtensor(fake):
+        return dtensors.internal_dtensor(fake, meta_like)
+    return meta_like(fake, fake.device)
 
 
 def _op_name(node: torch.fx.Node) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..distributed.dtensors import META_KEY, tally
 from ..engine.propagation import propagate
 from ..errors import InputError
 from ..torch_compat import OpOverload, pytree_codegen
@@ -73,7 +74,13 @@ def estimate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device 
     return Estimate.from_nodes(nodes, input_bytes=memory.input_bytes, state_bytes=memory.state_bytes,
                                saved_for_backward_bytes=memory.bytes_of(saved_keys),
                                saved_for_backward=tuple(saved_names), symbols=_symbols(gm),
-                               flops_unknown=counter.failures)
+                               flops_unknown=counter.failures, comm=_comm(gm))
+
+
+def _comm(gm: torch.fx.GraphModule) -> dict:
+    collectives = [collective for node in gm.graph.nodes if META_KEY in node.meta
+                   for collective in node.meta[META_KEY].collectives]
+    return tally(collectives)
 
 
 def _is_propagated(gm: torch.fx.GraphModule) -> bool:

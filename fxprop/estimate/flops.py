@@ -16,33 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Any, Callable, Hashable
+from typing import Any, Hashable
 
 import torch
 import torch.fx
 from torch import nn
-from torch.utils import flop_counter
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
                             functorch_unwrapped, is_composite_implicit, packet_of, pytree)
 from ..memo.cache import Uncacheable, symbolic_signature
 from ..engine.module_state import StateView
+from ..distributed.dtensors import META_KEY
+from ..aten.flop_formulas import EXTRA_FORMULAS, FORMULAS  # noqa: F401  (re-exported)
 
 aten = torch.ops.aten
-
-
-def _rnn_layer_flops(input_shape, weight_ih_shape, weight_hh_shape, *args, out_shape=None, **kwargs) -> int:
-    """One oneDNN RNN layer: the input and hidden projections of every gate at every step,
-    what the composite RNN path counts as addmm/mm (``2 * steps * batch * gates * (in + hidden)``)."""
-    steps_times_batch = input_shape[0] * input_shape[1]
-    gates, width = weight_ih_shape
-    hidden = weight_hh_shape[1]
-    return 2 * steps_times_batch * gates * (width + hidden)
-
-
-def _rnn_layer_backward_flops(input_shape, weight_ih_shape, weight_hh_shape, *args, out_shape=None, **kwargs) -> int:
-    """The gradients of both projections, for the inputs and for the weights: twice the forward."""
-    return 2 * _rnn_layer_flops(input_shape, weight_ih_shape, weight_hh_shape)
 
 
 def recurrent_flops(module: nn.RNNBase, input_shape: Any) -> Any:
@@ -68,19 +55,6 @@ def recurrent_flops(module: nn.RNNBase, input_shape: Any) -> Any:
         total = total + directions * per_direction
     return total
 
-
-EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu: flop_counter.sdpa_flop.__wrapped__,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_counter.sdpa_backward_flop.__wrapped__,
-    aten.mkldnn_rnn_layer: _rnn_layer_flops,
-    aten.mkldnn_rnn_layer_backward: _rnn_layer_backward_flops,
-}
-"""Formulas (on shapes) for the fused CPU kernels that `torch.utils.flop_counter.flop_registry`
-misses; ``FlopCounterMode(custom_mapping=EXTRA_FORMULAS)`` counts real execution the same way."""
-
-FORMULAS: dict[Any, Callable[..., int]] = {
-    **flop_counter.flop_registry, **{op: flop_counter.shape_wrapper(f) for op, f in EXTRA_FORMULAS.items()}}
-"""Every formula used, keyed by op packet, each taking ``(*args, out_val=..., **kwargs)``."""
 
 _SHAPE_QUERIES = frozenset({
     aten.sym_is_contiguous.default, aten.is_contiguous.default, aten.is_contiguous.memory_format,
@@ -183,6 +157,9 @@ class FlopCounter:
         """The FLOPs of ``node`` (an int, or a SymInt for symbolic sizes); 0 for nodes that do no math."""
         if node.op not in ("call_function", "call_method", "call_module"):
             return 0
+        sharding = node.meta.get(META_KEY)
+        if sharding is not None:  # a DTensor graph's node: its local ops were counted as they ran
+            return sharding.flops
         if isinstance(node.target, HigherOrderOperator):
             return self.higher_order(node)
         args = torch.fx.node.map_arg(node.args, _annotation)

@@ -14,6 +14,13 @@ The model (what `torch.fx.Interpreter(gm, garbage_collect_values=True)` keeps al
 
 A storage's size is the ``untyped_storage().nbytes()`` real execution allocates; aliasing is
 read from the annotations, where a view shares the storage of its base.
+
+With DTensor values (`fxprop.distributed.dtensors`), the model is one rank's: a DTensor counts as its local
+shard (parameters included), and the parameters a module gathers before it runs (FSDP's
+all-gather, `fxprop.distributed.parallel.shard_parameters`) are live, at their gathered local size, just
+after that module's node and freed before the next node (``reshard_after_forward=True``). Other
+temporaries inside a node (a parallel style's all-gathered input) are not counted, as a
+single-device node's temporaries are not.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 import torch.fx
 
+from ..distributed.dtensors import META_KEY, local_of
 from ..torch_compat import FakeTensor, OpOverload, functorch_unwrapped, schema_of, storage_key
 
 
@@ -57,7 +65,7 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     """The tensors of a node's value: a tensor, or tuples, lists and dicts of them. A value inside a
     functorch transform (a vmap level's batched tensor) is counted as the tensor it wraps."""
     if isinstance(value, torch.Tensor):
-        return [functorch_unwrapped(value)]
+        return [functorch_unwrapped(local_of(value))]  # a DTensor: its local shard, the rank's memory
     if isinstance(value, (tuple, list)):
         return [tensor for item in value for tensor in tensors_in(item)]
     if isinstance(value, dict):
@@ -102,6 +110,11 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
             references[key] = references.get(key, 0) + 1
         trace.allocated[node.name] = allocated
         trace.live[node.name] = dict(live)
+        gathered = _gathered_parameter_bytes(node)
+        if gathered:  # FSDP's gathered parameters: live while the node's module runs, then let go
+            device = next(iter(trace.live[node.name]), None) if not trace.keys_of[node] else \
+                trace.storages[trace.keys_of[node][0]].device
+            trace.live[node.name][device] = trace.live[node.name].get(device, 0) + gathered
         if node.op == "output":
             continue
         for dead in last_uses.get(node, ()):
@@ -113,6 +126,11 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
                     storage = trace.storages[key]
                     live[storage.device] = live[storage.device] - storage.nbytes
     return trace
+
+
+def _gathered_parameter_bytes(node: torch.fx.Node) -> int:
+    sharding = node.meta.get(META_KEY)
+    return sharding.gathered_parameter_bytes if sharding is not None else 0
 
 
 _DETACH_METHODS = frozenset({"detach", "detach_"})
@@ -208,6 +226,7 @@ def _resident(gm: torch.fx.GraphModule, trace: MemoryTrace, number: Callable[[An
             outputs = tensors_in(node.meta.get("val"))
             fallback = param_device or (str(outputs[0].device) if outputs else "meta")
             for tensor in (*module.parameters(), *module.buffers()):
+                tensor = local_of(tensor)
                 device = fallback if tensor.device.type == "meta" else str(tensor.device)
                 _add_resident(trace, trace.state_bytes, ("state", storage_key(tensor)), device,
                               tensor.untyped_storage().nbytes, number)

@@ -57,6 +57,10 @@ class Estimate:
         nodes: a `NodeEstimate` per node, in node order.
         symbols: every symbol the counts may hold, with its kind and bounds.
         flops_unknown: nodes whose FLOPs could not be counted, with the reason (counted as 0).
+        comm: for a graph with DTensor values, this rank's collectives by kind (``all_reduce``,
+            ``all_gather_into_tensor``, ``reduce_scatter_tensor``...): ``{"count", "send_bytes",
+            "receive_bytes"}`` (`fxprop.distributed.dtensors.collective_bytes`); empty otherwise. With DTensors,
+            every figure is the rank's: FLOPs on local shapes, bytes of local shards.
     """
     flops: Any
     peak_bytes: Mapping[str, Any]
@@ -69,12 +73,13 @@ class Estimate:
     nodes: tuple[NodeEstimate, ...]
     symbols: Mapping[str, SymbolBounds] = field(default_factory=dict)
     flops_unknown: Mapping[str, str] = field(default_factory=dict)
+    comm: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def from_nodes(cls, nodes: tuple[NodeEstimate, ...], *, input_bytes: Mapping[str, Any],
                    state_bytes: Mapping[str, Any], saved_for_backward_bytes: Mapping[str, Any],
                    saved_for_backward: tuple[str, ...], symbols: Mapping[str, SymbolBounds],
-                   flops_unknown: Mapping[str, str]) -> "Estimate":
+                   flops_unknown: Mapping[str, str], comm: Mapping[str, Mapping[str, int]] | None = None) -> "Estimate":
         """Totals and peaks, computed from the per-node records."""
         flops: Any = 0
         for node in nodes:
@@ -94,7 +99,7 @@ class Estimate:
             peak_candidates[device] = tuple(kept)
         return cls(flops, peak_bytes, peak_node, peak_candidates, dict(input_bytes), dict(state_bytes),
                    dict(saved_for_backward_bytes), tuple(saved_for_backward), tuple(nodes), dict(symbols),
-                   dict(flops_unknown))
+                   dict(flops_unknown), dict(comm or {}))
 
     # --- symbolic sizes ------------------------------------------------------------
 

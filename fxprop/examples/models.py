@@ -179,13 +179,15 @@ class LlamaAttention(nn.Module):
         self.wo = nn.Linear(config.n_heads * self.head_dim, config.dim, bias=False)
 
     def forward(self, x, cos, sin):
+        # Head counts are read from the projections (-1), as torchtitan's Llama reads them, so that
+        # the same code runs on a tensor-parallel rank's heads (fxprop.distributed.parallel.llama_plan).
         batch, seq = x.size(0), x.size(1)
-        q = self.wq(x).view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        repeats = self.n_heads // self.n_kv_heads
+        repeats = q.size(1) // k.size(1)
         k = k.repeat_interleave(repeats, dim=1)
         v = v.repeat_interleave(repeats, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -32,8 +32,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .errors import InputError
-from .torch_compat import distributed_available, register_fake_process_group_backend
+from ..errors import InputError
+from ..torch_compat import distributed_available, forget_dtensor_caches, register_fake_process_group_backend
 
 
 @dataclass
@@ -85,6 +85,7 @@ def release_simulated_mesh() -> bool:
         if not dist.is_initialized() or dist.group.WORLD is not world.group:
             return False  # already destroyed, and perhaps replaced by the user's own
         dist.destroy_process_group()
+        forget_dtensor_caches()
         return True
 
 
@@ -129,6 +130,7 @@ def _ensure_world(size: int, rank: int) -> None:
                          "replaces or destroys it: call torch.distributed.destroy_process_group() first, or build "
                          "the mesh on it with torch.distributed.device_mesh.init_device_mesh")
     register_fake_process_group_backend()
+    forget_dtensor_caches()
     dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=size)
     _world = _World(dist.group.WORLD, size, rank)
 

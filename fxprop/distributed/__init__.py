@@ -1,0 +1,3 @@
+"""Graphs of sharded programs on a mesh this host does not have: simulated meshes (`meshes`),
+DTensor values, their placements, redistributions and collectives per node (`dtensors`), and a
+tensor/sequence-parallel plan with FSDP-style parameter sharding for Llama-style models (`parallel`)."""
