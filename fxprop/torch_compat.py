@@ -231,6 +231,15 @@ def opinfo_database() -> list:
     return op_db
 
 
+def gradients(loss: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``torch.autograd.grad(loss, inputs)`` with the engine called directly. Called through torch
+    function dispatch, as it is while a function mode is active, the engine would record the
+    thread's state with the mode stack emptied by the dispatch, and code that the backward runs
+    (activation checkpointing's recomputation) would run without the modes."""
+    from torch.autograd.graph import _engine_run_backward
+    return _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, tuple(inputs), False, False)
+
+
 @contextlib.contextmanager
 def one_fake_mode_for_traced_values():
     """make_fx in real mode annotates each node with a fake copy of its value, made in a new

@@ -241,6 +241,9 @@ def text(setup: dict[str, Any], found: StepFigures, gpu_memory: int | None, seco
               _row("FLOPs", f"{_flops_text(found.flops)} per step, {_flops_text(found.flops_per_token)} per token")]
     if found.flops_unknown:
         lines.append(_row("FLOPs not counted", ", ".join(f"%{name} ({why})" for name, why in found.flops_unknown.items())))
+    if found.stood_in:
+        lines.append(_row("values stood in", f"{found.stood_in} values the optimizer read depend on the data; 1 stood "
+                                             "in (they scale its updates, not what it allocates)"))
     lines += [_row("device memory", _verdict(found, gpu_memory)), "",
               "live tensor bytes, as torch.cuda.max_memory_allocated counts them; the CUDA context, the caching "
               "allocator's fragmentation and library workspaces come on top",

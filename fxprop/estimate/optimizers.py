@@ -31,6 +31,7 @@ import torch
 
 from ..errors import InputError
 from ..torch_compat import foreach_kernel_devices
+from .host_reads import HostReads
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "adamw": lambda params, foreach, momentum: torch.optim.AdamW(params, foreach=foreach),
@@ -59,7 +60,8 @@ def create_state(optimizer: torch.optim.Optimizer) -> None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     for param in params:
         param.grad = torch.zeros_like(param)
-    optimizer.step()
+    with HostReads(stand_in=True):  # Adafactor reads each parameter's norm, which meta tensors lack
+        optimizer.step()
     for param in params:
         param.grad = None
 

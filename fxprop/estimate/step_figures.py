@@ -49,6 +49,7 @@ class StepFigures:
     flops: int
     tokens: int
     flops_unknown: dict[str, str]
+    stood_in: int
 
     @property
     def flops_per_token(self) -> float:
@@ -84,4 +85,5 @@ def figures(step: TracedStep, est: Estimate, memory: MemoryTrace, tokens: int) -
         buffer_bytes=sizes.buffer_bytes, input_bytes=sizes.input_bytes, resident_bytes=resident,
         peak=max(at_nodes, key=lambda at: at.bytes),  # max keeps the first of equals, as Estimate does
         activation_peak=max(at_nodes, key=lambda at: at.activation_bytes),
-        flops=est.flops, tokens=tokens, flops_unknown=dict(est.flops_unknown))
+        flops=est.flops, tokens=tokens, flops_unknown=dict(est.flops_unknown),
+        stood_in=step.stood_in)

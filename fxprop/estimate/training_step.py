@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from ..engine import garbage_collection_paused
 from ..rules.attention import attention_on
 from ..specs import TensorSpec
-from ..torch_compat import one_fake_mode_for_traced_values, pytree, storage_key
+from ..torch_compat import gradients, one_fake_mode_for_traced_values, pytree, storage_key
 from .host_reads import HostReads
 from .optimizers import state_bytes, state_tensors
 
@@ -73,6 +73,7 @@ class TracedStep:
         phases: each node's phase, "forward", "backward" or "optimizer step".
         sizes: the trained parameters (their count and bytes), the buffers and parameters not
             trained, the optimizer's state and the batch.
+        stood_in: how many values the optimizer read that depend on the data (1 stood in).
     """
     gm: torch.fx.GraphModule
     inputs: tuple
@@ -80,6 +81,7 @@ class TracedStep:
     gradients: tuple[str, ...]
     phases: dict[str, str]
     sizes: Sizes
+    stood_in: int = 0
 
 
 def default_loss(output: Any) -> torch.Tensor:
@@ -89,37 +91,38 @@ def default_loss(output: Any) -> torch.Tensor:
 
 def trace_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: Mapping[str, Any],
                         device: torch.device, loss_of: Callable[[Any], torch.Tensor] = default_loss) -> TracedStep:
-    """One step of ``optimizer`` on ``loss_of(model(**inputs))``; the optimizer must have its state
-    (`fxprop.estimate.optimizers.create_state`), since a step that creates it is not a steady one."""
+    """One step of ``optimizer`` on ``loss_of(model(**inputs))``. The optimizer should have its state
+    (`fxprop.estimate.optimizers.create_state`): a step that creates it is not a steady one. Values
+    the optimizer reads that depend on the data stand in as 1 (`HostReads`), counted in the
+    step's ``stood_in``."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    missing = [index for index, p in enumerate(params) if p not in optimizer.state]
-    if missing:
-        raise ValueError(f"trace_training_step: the optimizer has no state for {len(missing)} of its "
-                         f"{len(params)} parameters; create it first (fxprop.estimate.optimizers.create_state)")
     trained = set(map(id, params))
     others = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in trained]
     state = state_tensors(optimizer)
 
+    optimizer_reads = HostReads(stand_in=True)
+
     def step(params, others, state, inputs):
         with HostReads():
             loss = loss_of(model(**inputs))
-            grads = torch.autograd.grad(loss, params)
-            for param, grad in zip(params, grads):
-                param.grad = grad
+            grads = gradients(loss, params)
+        for param, grad in zip(params, grads):
+            param.grad = grad
+        with optimizer_reads:
             optimizer.step()
-            for param in params:
-                param.grad = None
+        for param in params:
+            param.grad = None
         return loss.detach(), grads
 
     with _tracing(device):
         gm = make_fx(step)(params, others, state, dict(inputs))
     retarget(gm, device)
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
-    gradients = tuple(node.name for node in output.args[0][1:])
+    gradient_names = tuple(node.name for node in output.args[0][1:])
     sizes = Sizes(sum(p.numel() for p in params), _bytes(params), _bytes(others),
                   state_bytes(optimizer, device), _bytes(pytree.tree_leaves(dict(inputs))))
-    return TracedStep(gm, _inputs_on((params, others, state, dict(inputs)), device), device, gradients,
-                      _phases(gm, gradients), sizes)
+    return TracedStep(gm, _inputs_on((params, others, state, dict(inputs)), device), device, gradient_names,
+                      _phases(gm, gradient_names), sizes, optimizer_reads.stood_in)
 
 
 def trace_inference_step(model: torch.nn.Module, inputs: Mapping[str, Any], device: torch.device,
