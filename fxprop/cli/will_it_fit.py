@@ -236,6 +236,9 @@ def text(setup: dict[str, Any], found: StepFigures, gpu_memory: int | None, seco
     lines += [_row("buffers and batch", bytes_text(found.buffer_bytes + found.input_bytes)),
               _row("activation peak", f"{bytes_text(found.activation_peak.activation_bytes)} "
                                       f"{_where(found.activation_peak)}"),
+              *(_row(f"  in the {phase}" if phase != "optimizer step" else "  in the optimizer",
+                     f"{bytes_text(at.activation_bytes)} after %{at.node}")
+                for phase, at in found.phase_peaks.items() if len(found.phase_peaks) > 1),
               _row("total peak", f"{bytes_text(found.peak.bytes)} {_where(found.peak)}"),
               _row("", "= " + " + ".join(at_peak)),
               _row("FLOPs", f"{_flops_text(found.flops)} per step, {_flops_text(found.flops_per_token)} per token")]

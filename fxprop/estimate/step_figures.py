@@ -9,7 +9,8 @@
 - *activations* after a node: everything else live then: tensors saved for the backward, and
   the temporaries of the forward, the backward and the optimizer step;
 - the *peak* is the most bytes live at once, and the *activation peak* the most activation bytes
-  at once, each with the node after which it occurs and that node's phase.
+  at once, each with the node after which it occurs and that node's phase; ``phase_peaks`` has
+  the activation peak of each phase (forward, backward, optimizer step).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class StepFigures:
     resident_bytes: int
     peak: PeakAt
     activation_peak: PeakAt
+    phase_peaks: dict[str, PeakAt]
     flops: int
     tokens: int
     flops_unknown: dict[str, str]
@@ -84,6 +86,14 @@ def figures(step: TracedStep, est: Estimate, memory: MemoryTrace, tokens: int) -
                                    if where != device},
         buffer_bytes=sizes.buffer_bytes, input_bytes=sizes.input_bytes, resident_bytes=resident,
         peak=max(at_nodes, key=lambda at: at.bytes),  # max keeps the first of equals, as Estimate does
-        activation_peak=max(at_nodes, key=lambda at: at.activation_bytes),
+        activation_peak=max(at_nodes, key=lambda at: at.activation_bytes), phase_peaks=_phase_peaks(at_nodes),
         flops=est.flops, tokens=tokens, flops_unknown=dict(est.flops_unknown),
         stood_in=step.stood_in)
+
+
+def _phase_peaks(at_nodes: list[PeakAt]) -> dict[str, PeakAt]:
+    peaks: dict[str, PeakAt] = {}
+    for at in at_nodes:
+        if at.phase and (at.phase not in peaks or at.activation_bytes > peaks[at.phase].activation_bytes):
+            peaks[at.phase] = at
+    return peaks

@@ -125,10 +125,32 @@ def trace_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                       _phases(gm, gradient_names), sizes, optimizer_reads.stood_in)
 
 
+def held_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor ``value`` holds, once: in tuples, lists and dicts (a transformers ModelOutput) and in
+    other objects' attributes (its KV cache's keys and values); modules are not entered."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            found.setdefault(id(item), item)
+        elif id(item) in seen or isinstance(item, (torch.nn.Module, str, bytes, type)):
+            continue
+        elif isinstance(item, (tuple, list, set)):
+            pending.extend(reversed(list(item)))
+        elif isinstance(item, dict):
+            pending.extend(reversed(list(item.values())))
+        elif hasattr(item, "__dict__"):
+            pending.extend(reversed(list(vars(item).values())))
+        seen.add(id(item))
+    return list(found.values())
+
+
 def trace_inference_step(model: torch.nn.Module, inputs: Mapping[str, Any], device: torch.device,
-                         outputs_of: Callable[[Any], Any] = lambda output: getattr(output, "logits", output)
-                         ) -> TracedStep:
-    """One forward pass without gradients, ``outputs_of(model(**inputs))`` returned."""
+                         outputs_of: Callable[[Any], Any] = held_tensors) -> TracedStep:
+    """One forward pass without gradients, returning ``outputs_of(model(**inputs))``: by default every
+    tensor the output holds, as a caller that keeps the output keeps them (logits, a KV cache)."""
     state = [*model.parameters(), *model.buffers()]
 
     def forward(state, inputs):
