@@ -35,7 +35,7 @@ from fxprop.cli.main import main
 from fxprop.cli.memory_sizes import parse_memory_size
 from fxprop.cli.transformers_models import load_config, parse_override
 from fxprop.estimate import optimizers
-from fxprop.estimate.training_step import trace_training_step
+from fxprop.estimate.traced_step import trace_training_step
 from fxprop.torch_compat import peak_allocated_bytes
 from test_estimate import assert_matches, measure
 
@@ -260,3 +260,12 @@ def test_an_unreachable_hub_and_a_missing_transformers_fail_clearly(tmp_path):
     assert done.returncode == 1 and "pip install transformers" in done.stderr and "Traceback" not in done.stderr
     done = fxprop_cli("run", "fxprop.examples:mlp_example", pythonpath=str(tmp_path))  # imported only when needed
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("module", ["fxprop.estimate.optimizers", "fxprop.estimate.host_reads",
+                                    "fxprop.cli.memory_sizes", "fxprop.cli.transformers_models"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+    found = doctest.testmod(importlib.import_module(module))
+    assert found.failed == 0 and found.attempted > 0

@@ -1,7 +1,7 @@
 """``fxprop estimate``: will a transformers causal LM fit on a device, for a forward pass or a training step.
 
 It builds the model on the meta device (`transformers_models`), traces one step on a batch of
-``--batch`` x ``--seq`` tokens (`fxprop.estimate.training_step`), estimates it
+``--batch`` x ``--seq`` tokens (`fxprop.estimate.traced_step`), estimates it
 (`fxprop.estimate`), and reads what the step holds on the device
 (`fxprop.estimate.step_figures`): parameters, gradients, optimizer state, the activation
 peak, the total peak, and FLOPs; against ``--gpu-memory``, whether it fits. The figures are
@@ -10,9 +10,11 @@ live tensor bytes, what ``torch.cuda.max_memory_allocated`` counts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ from ..devices import normalize_device
 from ..errors import InputError
 from ..estimate import estimate_with_memory, optimizers
 from ..estimate.step_figures import PeakAt, StepFigures, figures
-from ..estimate.training_step import TracedStep, trace_inference_step, trace_training_step
+from ..estimate.traced_step import TracedStep, trace_inference_step, trace_training_step
 from ..torch_compat import import_dynamo
 from . import transformers_models
 from .loading import LoadError, UsageError
@@ -98,43 +100,69 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(args.progress == "always" or args.progress == "auto" and sys.stderr.isatty())
     seconds: dict[str, float] = {}
     with progress:
-        progress.stage(f"building {args.model} on the meta device")
-        started = time.perf_counter()
-        config = transformers_models.load_config(args.model, overrides)
-        dtype = args.dtype or _config_dtype(config)
-        seq = args.seq or getattr(config, "max_position_embeddings", None)
-        if not seq:
-            raise UsageError(f"{config.model_type} configs have no max_position_embeddings: give --seq")
-        model = transformers_models.causal_lm_on_meta(config, dtype, args.train, args.activation_checkpointing)
-        optimizer = None
-        if args.train:
-            trained = [p for p in model.parameters() if p.requires_grad]
-            optimizer = optimizers.build(args.optimizer or "adamw", trained, device, args.momentum or 0.0)
-            optimizers.create_state(optimizer)
-        seconds["build"] = time.perf_counter() - started
-        progress.stage("tracing one step")
-        started = time.perf_counter()
-        batch = {"input_ids": torch.empty(args.batch, seq, dtype=torch.long, device="meta")}
-        if optimizer is not None:
-            batch["labels"] = torch.empty(args.batch, seq, dtype=torch.long, device="meta")
-            step = _traced(lambda: trace_training_step(model, optimizer, batch, device), model)
-        else:
-            step = _traced(lambda: trace_inference_step(model, batch, device), model)
-        seconds["trace"] = time.perf_counter() - started
-        nodes = len(step.gm.graph.nodes)
-        progress.stage(f"propagating and estimating {nodes:,} nodes")
+        with _stage(progress, seconds, "build", f"building {args.model} on the meta device"):
+            built = _build(args, overrides, device)
+        with _stage(progress, seconds, "trace", "tracing one step"):
+            step = _trace(built, args.batch, device)
         import_dynamo()  # keep FakeTensorMode's lazy import out of the timing
-        started = time.perf_counter()
-        est, memory = estimate_with_memory(step.gm, *step.inputs, param_device=device,
-                                           progress=progress.advance if progress.enabled else None)
-        found = figures(step, est, memory, tokens=args.batch * seq)
-        seconds["estimate"] = time.perf_counter() - started
-    setup = _setup(args, config, model, optimizer, dtype, seq, device, step)
+        with _stage(progress, seconds, "estimate", f"propagating and estimating {len(step.gm.graph.nodes):,} nodes"):
+            est, memory = estimate_with_memory(step.gm, *step.inputs, param_device=device,
+                                               progress=progress.advance if progress.enabled else None)
+            found = figures(step, est, memory, tokens=args.batch * built.seq)
+    setup = _setup(args, built, device, step)
     if args.format == "json":
         print(json.dumps(document(setup, found, args.gpu_memory, seconds), indent=2))
     else:
         print(text(setup, found, args.gpu_memory, seconds))
     return 0
+
+
+@dataclass
+class Built:
+    """The model on the meta device, its optimizer (None for a forward pass), and the step's settings."""
+    config: Any
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    dtype: torch.dtype
+    seq: int
+
+
+@contextlib.contextmanager
+def _stage(progress: Progress, seconds: dict[str, float], name: str, text: str):
+    progress.stage(text)
+    started = time.perf_counter()
+    yield
+    seconds[name] = time.perf_counter() - started
+
+
+def _build(args: argparse.Namespace, overrides: dict[str, Any], device: torch.device) -> Built:
+    config = transformers_models.load_config(args.model, overrides)
+    dtype = args.dtype or _config_dtype(config)
+    seq = args.seq or getattr(config, "max_position_embeddings", None)
+    if not seq:
+        raise UsageError(f"{config.model_type} configs have no max_position_embeddings: give --seq")
+    model = transformers_models.causal_lm_on_meta(config, dtype, args.train, args.activation_checkpointing)
+    optimizer = None
+    if args.train:
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = optimizers.build(args.optimizer or "adamw", trained, device, args.momentum or 0.0)
+        optimizers.create_state(optimizer)
+    return Built(config, model, optimizer, dtype, seq)
+
+
+def _trace(built: Built, batch_size: int, device: torch.device) -> TracedStep:
+    """One step on a batch of token ids (and, to train, labels), no padding: causal attention throughout."""
+    tokens = lambda: torch.empty(batch_size, built.seq, dtype=torch.long, device="meta")
+    try:
+        if built.optimizer is None:
+            return trace_inference_step(built.model, {"input_ids": tokens()}, device)
+        return trace_training_step(built.model, built.optimizer, {"input_ids": tokens(), "labels": tokens()}, device)
+    except (UsageError, LoadError):
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise LoadError(f"tracing a step of {type(built.model).__name__} on the meta device failed: "
+                        f"{type(error).__name__}: {first}") from error
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -164,24 +192,14 @@ def _config_dtype(config: Any) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def _traced(trace, model) -> TracedStep:
-    try:
-        return trace()
-    except (UsageError, LoadError):
-        raise
-    except Exception as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise LoadError(f"tracing a step of {type(model).__name__} on the meta device failed: "
-                        f"{type(error).__name__}: {first}") from error
-
-
-def _setup(args, config, model, optimizer, dtype, seq, device, step) -> dict[str, Any]:
-    return {"source": args.model, "model_type": config.model_type, "class": type(model).__name__,
-            "layers": getattr(config, "num_hidden_layers", None),
-            "attention": getattr(config, "_attn_implementation", None),
-            "kind": "training" if optimizer is not None else "inference", "batch": args.batch, "seq": seq,
-            "dtype": str(dtype).removeprefix("torch."), "device": str(device),
-            "optimizer": args.optimizer or "adamw" if optimizer is not None else None,
+def _setup(args: argparse.Namespace, built: Built, device: torch.device, step: TracedStep) -> dict[str, Any]:
+    optimizer = built.optimizer
+    return {"source": args.model, "model_type": built.config.model_type, "class": type(built.model).__name__,
+            "layers": getattr(built.config, "num_hidden_layers", None),
+            "attention": getattr(built.config, "_attn_implementation", None),
+            "kind": "inference" if optimizer is None else "training", "batch": args.batch, "seq": built.seq,
+            "dtype": str(built.dtype).removeprefix("torch."), "device": str(device),
+            "optimizer": None if optimizer is None else args.optimizer or "adamw",
             "optimizer_implementation": None if optimizer is None else
             "foreach" if optimizer.defaults.get("foreach") else "for-loop",
             "momentum": args.momentum if optimizer is not None and args.optimizer == "sgd" else None,

@@ -8,7 +8,10 @@
 
 Modules: `flops` (the formulas and the re-dispatch that applies them), `memory` (the model of
 live storages), `training` (the backward part and the bytes saved for it), `sizes` (counts as
-ints or sympy expressions), `result` (`Estimate`, `NodeEstimate`), `llama` (a 70B-shaped example).
+ints or sympy expressions), `result` (`Estimate`, `NodeEstimate`), `llama` (a 70B-shaped example);
+for whole training steps (``fxprop estimate``): `traced_step` (a step traced on the meta device
+for a target device), `optimizers` (torch's optimizers and their state), `host_reads` (values
+read on the host while tracing), `step_figures` (what a step holds, and its peaks).
 """
 from __future__ import annotations
 

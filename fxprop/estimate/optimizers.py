@@ -21,7 +21,7 @@ differ in their temporaries: foreach AdamW holds a square root of every ``exp_av
 >>> optimizer = build("adamw", params, torch.device("cuda:0"))
 >>> create_state(optimizer)
 >>> state_bytes(optimizer, torch.device("cuda:0"))
-{'cuda:0': 256, 'cpu': 4}
+{'cpu': 4, 'cuda:0': 256}
 """
 from __future__ import annotations
 

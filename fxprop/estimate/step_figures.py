@@ -19,7 +19,7 @@ from typing import Any
 
 from .memory import MemoryTrace
 from .result import Estimate
-from .training_step import TracedStep
+from .traced_step import TracedStep
 
 
 @dataclass(frozen=True)
