@@ -109,6 +109,8 @@ def _from_hub(model_id: str, transformers: Any) -> dict[str, Any]:
         why = " (offline: HF_HUB_OFFLINE is set or the Hub cannot be reached)" if offline else ""
         raise LoadError(f"cannot fetch the config of {model_id!r} from the Hugging Face Hub{why}: {first}; "
                         "give a config.json path, or a model type with KEY=VALUE overrides") from None
+    except Exception as error:  # a config transformers cannot read (custom code, an unknown model type)
+        raise LoadError(f"reading the config of {model_id!r} failed: {type(error).__name__}: {error}") from None
 
 
 def _config(transformers: Any, model_type: str, settings: dict[str, Any], source: str) -> Any:

@@ -31,7 +31,7 @@ from ..torch_compat import TorchDispatchMode, _disable_current_modes, pytree
 aten = torch.ops.aten
 META = torch.device("meta")
 HOST = torch.device("cpu")
-LARGEST_COPY = 1 << 16  # elements: position ids and their masks, never activations
+LARGEST_COPY = 1 << 20  # elements: position ids of long sequences, never activations
 _UNKNOWN = object()
 
 
