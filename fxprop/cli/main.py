@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draw live bytes across the node order, peak marked (needs matplotlib; implies --estimate)")
     fit = commands.add_parser("estimate", help="will a transformers causal LM fit on a device, for a forward pass or "
                               "a training step: memory and FLOPs, built on the meta device",
-                              description=will_it_fit.__doc__.split("\n\n")[0], epilog=will_it_fit.EPILOG,
+                              description=will_it_fit.DESCRIPTION, epilog=will_it_fit.EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     will_it_fit.add_arguments(fit)
     fit.set_defaults(subparser=fit)

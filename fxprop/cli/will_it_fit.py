@@ -31,6 +31,9 @@ from .memory_sizes import parse_memory_size
 from .progress import Progress
 
 SCHEMA_VERSION = 1
+DESCRIPTION = ("Will a transformers causal LM fit on a device, for a forward pass or a training step? Builds it on "
+               "the meta device, traces one step for the device and prints its memory (parameters, gradients, "
+               "optimizer state, activations, the peak) and FLOPs.")
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -79,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="the device to estimate for (default: cuda, i.e. cuda:0; "
                                                          "emulated, no GPU needed)")
     parser.add_argument("--gpu-memory", type=_memory_size, metavar="SIZE",
-                        help="memory of the device, to say whether the step fits: 80GB, 79.6GiB, 81559MiB")
+                        help="memory of the device, to say whether the step fits: 80GB (powers of 1000), "
+                             "79.6GiB or 81559MiB (powers of 1024)")
     parser.add_argument("--train", action="store_true",
                         help="a training step (forward, backward, optimizer step) instead of a forward pass")
     parser.add_argument("--optimizer", choices=tuple(optimizers.OPTIMIZERS),
