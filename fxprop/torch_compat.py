@@ -24,6 +24,7 @@ import torch._prims_common as _prims_common
 from torch._prims_common import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes,  # noqa: F401
                                  is_contiguous_for_memory_format_or_false)
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported)
+import torch.utils._foreach_utils  # noqa: F401  (foreach_kernel_devices)
 from torch._decomp import decomposition_table  # noqa: F401
 from torch._dispatch.python import enable_python_dispatcher  # noqa: F401
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket  # noqa: F401
@@ -76,6 +77,7 @@ make_subclass = torch.Tensor._make_subclass
 set_throw_on_mutable_data_ptr = torch._C._set_throw_on_mutable_data_ptr
 fused_sdp_choice = torch._fused_sdp_choice
 sdp_priority_order = torch._C._get_sdp_priority_order
+foreach_kernel_devices = torch.utils._foreach_utils._get_foreach_kernels_supported_devices  # optimizers' default
 ConvBackend = torch._C._ConvBackend
 select_conv_backend = torch._C._select_conv_backend
 conv_determine_backend_memory_format = torch._C._conv_determine_backend_memory_format
@@ -278,6 +280,25 @@ def raises_in_forward(error_input: Any) -> bool:
     """Whether a ModuleInfo ``ErrorModuleInput`` fails in the forward (else in the constructor)."""
     from torch.testing._internal.common_modules import ModuleErrorEnum
     return error_input.error_on is ModuleErrorEnum.FORWARD_ERROR
+
+
+def gradients(loss: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """``torch.autograd.grad(loss, inputs)`` with the engine called directly. Called through torch
+    function dispatch, as it is while a function mode is active, the engine would record the
+    thread's state with the mode stack emptied by the dispatch, and code that the backward runs
+    (activation checkpointing's recomputation) would run without the modes."""
+    from torch.autograd.graph import _engine_run_backward
+    return _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, tuple(inputs), False, False)
+
+
+@contextlib.contextmanager
+def one_fake_mode_for_traced_values():
+    """make_fx in real mode annotates each node with a fake copy of its value, made in a new
+    FakeTensorMode unless one is ambient (``detect_fake_mode`` reads the TracingContext's), and
+    each new mode records the Python stack: one ambient mode for the whole trace halves its time."""
+    from torch._guards import TracingContext, tracing
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        yield
 
 
 @contextlib.contextmanager

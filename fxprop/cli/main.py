@@ -1,4 +1,4 @@
-"""fxprop's command line: ``fxprop demo`` and ``fxprop run``.
+"""fxprop's command line: ``fxprop demo``, ``fxprop run`` and ``fxprop estimate``.
 
 Exit codes: 0 ok; 1 the model or a file failed (message on stderr, with the node and source
 line for a propagation error); 2 usage error; 3 ``--fail-on-fallback`` and some node fell back.
@@ -18,7 +18,7 @@ from ..engine.propagation import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
 from ..errors import FxpropError
 from ..estimate import estimate
 from .report import summarize
-from . import drawing, estimate_report, module_spans
+from . import drawing, estimate_report, module_spans, will_it_fit
 from .formats import FORMATS, render
 from .loading import LoadError, Loaded, UsageError, from_callable, from_exported, parse_input_spec, trace_module
 from .progress import Progress
@@ -31,6 +31,7 @@ EPILOG = """examples:
   fxprop run mypkg.models:make_model --input "B,T:int64@cuda:0" --format json
   fxprop run --graph program.pt2 --svg graph.svg --collapse
   fxprop run fxprop.examples:gpt_example --live-bytes-plot live.svg --module-depth 3
+  fxprop estimate llama num_hidden_layers=80 hidden_size=8192 ... --seq 8192 --train --gpu-memory 80GB
 exit codes: 0 ok, 1 error (stderr names the node and source line), 2 usage, 3 --fail-on-fallback tripped"""
 
 
@@ -88,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--module-depth", type=_depth, metavar="N",
                      help="--live-bytes-plot: mark modules N names deep (h.0.attn is 3 deep; 0: no marks; "
                           "default: the depth of the repeated layers, such as h.0 or model.layers.0)")
+    fit = commands.add_parser("estimate", help="will a transformers causal LM fit on a device, for a forward pass or "
+                              "a training step: memory and FLOPs, built on the meta device",
+                              description=will_it_fit.DESCRIPTION, epilog=will_it_fit.EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    will_it_fit.add_arguments(fit)
+    fit.set_defaults(subparser=fit)
     demo.add_argument("--format", choices=("table", "md"), default="table", help="output on stdout (default: table)")
     run.add_argument("--format", choices=FORMATS, default="table", help="output on stdout (default: table)")
     for sub in (demo, run):
@@ -122,7 +129,7 @@ def _unwritable_outputs(args: argparse.Namespace) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.svg and not drawing.have_dot():  # before any work: say so now, not after a long propagation
+    if getattr(args, "svg", None) and not drawing.have_dot():  # say so now, not after a long propagation
         print(f"fxprop: error: {drawing.GRAPHVIZ_HINT}", file=sys.stderr)
         return EXIT_ERROR
     if getattr(args, "live_bytes_plot", None) and not estimate_report.have_matplotlib():
@@ -133,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fxprop: error: {unwritable}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command == "estimate":
+            return will_it_fit.run(args)
         return demo(args) if args.command == "demo" else run(args)
     except UsageError as error:
         args.subparser.error(str(error))  # exits 2, after the usage line

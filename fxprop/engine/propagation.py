@@ -98,7 +98,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     while True:
         symbols = symbolic.SymbolicSession()
         with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-                _garbage_collection_paused():
+                garbage_collection_paused():
             propagation = Propagation(gm, options, symbols, with_dtensors)
             internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
                                     propagation.session.real_values)
@@ -142,7 +142,7 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     dirty = _downstream_of_edits(gm, edited)
     symbols = symbolic.session_of(gm)
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            _garbage_collection_paused():
+            garbage_collection_paused():
         propagation = Propagation(gm, options, symbols)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
@@ -161,7 +161,7 @@ def _holds_dtensors(gm: torch.fx.GraphModule, inputs: list) -> bool:
 
 
 @contextlib.contextmanager
-def _garbage_collection_paused():
+def garbage_collection_paused():
     """Python's cyclic garbage collector paused for the call: every generation-2 pass walks all
     live objects, which a large graph's values make many, and time per node would grow with the
     graph. The collector is resumed (when this call paused it) even when the call fails."""

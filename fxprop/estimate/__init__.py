@@ -8,7 +8,10 @@
 
 Modules: `flops` (the formulas and the re-dispatch that applies them), `memory` (the model of
 live storages), `training` (the backward part and the bytes saved for it), `sizes` (counts as
-ints or sympy expressions), `result` (`Estimate`, `NodeEstimate`), `llama` (a 70B-shaped example).
+ints or sympy expressions), `result` (`Estimate`, `NodeEstimate`), `llama` (a 70B-shaped example);
+for whole training steps (``fxprop estimate``): `traced_step` (a step traced on the meta device
+for a target device), `optimizers` (torch's optimizers and their state), `host_reads` (values
+read on the host while tracing), `step_figures` (what a step holds, and its peaks).
 """
 from __future__ import annotations
 
@@ -19,11 +22,11 @@ import torch
 import torch.fx
 
 from ..distributed.dtensors import META_KEY, tally
-from ..engine.propagation import propagate
+from ..engine.propagation import garbage_collection_paused, propagate
 from ..errors import InputError
 from ..torch_compat import OpOverload, pytree_codegen
 from .flops import EXTRA_FORMULAS, FORMULAS, FlopCounter
-from .memory import trace_memory
+from .memory import MemoryTrace, trace_memory
 from .result import Estimate, NodeEstimate, SymbolBounds
 from .sizes import number
 from .training import backward_nodes, saved_for_backward, saved_outputs
@@ -52,6 +55,14 @@ def estimate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device 
     >>> est.evaluate(B=8).peak_bytes
     {'cuda:0': 76800}
     """
+    return estimate_with_memory(gm, *inputs, param_device=param_device, backward_from=backward_from,
+                                forward_outputs=forward_outputs, **propagate_options)[0]
+
+
+def estimate_with_memory(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device | str | None = None,
+                         backward_from: str | torch.fx.Node | None = None, forward_outputs: int | None = None,
+                         **propagate_options: Any) -> tuple[Estimate, MemoryTrace]:
+    """`estimate`, and the walk over live storages it was read from (which node made each storage)."""
     if not isinstance(gm, torch.fx.GraphModule):
         raise InputError(f"estimate expects a torch.fx.GraphModule, got {type(gm).__name__}")
     if inputs or not _is_propagated(gm):
@@ -60,7 +71,7 @@ def estimate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device 
                              "e.g. fxprop.estimate(gm, fxprop.TensorSpec((8, 16)))")
         propagate(gm, *inputs, param_device=param_device, **propagate_options)
     device = str(torch.device(param_device)) if param_device is not None else None
-    with _quiet_state():
+    with _quiet_state(), garbage_collection_paused():  # as propagate: time per node stays flat on large graphs
         memory = trace_memory(gm, number, device, _flat_real_inputs(gm, inputs))
         counter = FlopCounter(gm)
         backward = backward_nodes(gm, backward_from)
@@ -71,10 +82,11 @@ def estimate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device 
         saved_names, saved_keys = [], saved_outputs(gm, forward_outputs, memory.keys_of, memory.resident)
     else:
         saved_names, saved_keys = saved_for_backward(gm, backward, memory.keys_of, memory.resident)
-    return Estimate.from_nodes(nodes, input_bytes=memory.input_bytes, state_bytes=memory.state_bytes,
-                               saved_for_backward_bytes=memory.bytes_of(saved_keys),
-                               saved_for_backward=tuple(saved_names), symbols=_symbols(gm),
-                               flops_unknown=counter.failures, comm=_comm(gm))
+    found = Estimate.from_nodes(nodes, input_bytes=memory.input_bytes, state_bytes=memory.state_bytes,
+                                saved_for_backward_bytes=memory.bytes_of(saved_keys),
+                                saved_for_backward=tuple(saved_names), symbols=_symbols(gm),
+                                flops_unknown=counter.failures, comm=_comm(gm))
+    return found, memory
 
 
 def _comm(gm: torch.fx.GraphModule) -> dict:

@@ -59,9 +59,15 @@ def choose_backend(device: torch.device | None, query, key, value, attn_mask, dr
 @rule(F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    backend = choose_backend(context.node_device(), query, key, value, attn_mask, dropout_p, is_causal, scale,
-                             enable_gqa)
-    device_type = (context.node_device() or torch.device("cpu")).type
+    return attention_on(context.node_device(), query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def attention_on(device: torch.device | None, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False) -> torch.Tensor:
+    """What `scaled_dot_product_attention` runs on ``device``: the chosen backend's kernel, called as sdpa
+    calls it there (on meta tensors, whose own pick is always "math")."""
+    backend = choose_backend(device, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    device_type = (device or torch.device("cpu")).type
     if backend == SDPBackend.FLASH_ATTENTION and device_type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu.default(
             query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
