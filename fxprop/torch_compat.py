@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch._meta_registrations as _meta_registrations
+import torch.nn.modules.module as _module_hooks
 
 from . import ambient
 import torch._prims_common as _prims_common
@@ -55,9 +56,8 @@ def has_kernel(op_name: str, dispatch_key: str) -> bool:
 def global_module_hooks_registered() -> bool:
     """Whether hooks that run around every module call are registered (``register_module_forward_hook``
     and its siblings): a module's result then depends on more than the module and its inputs."""
-    from torch.nn.modules import module
-    return bool(module._global_forward_hooks or module._global_forward_pre_hooks or module._global_backward_hooks
-                or module._global_backward_pre_hooks or module._global_forward_hooks_always_called)
+    return bool(_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+                or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks)
 
 
 @functools.lru_cache(maxsize=None)

@@ -144,3 +144,16 @@ def test_graphs_without_dtensors_keep_the_plain_dispatch():
     fxprop.propagate(gm, fxprop.TensorSpec((2, 4)))
     assert gm.meta["fxprop"]["dtensors"] is False
     assert not any("fxprop_dtensor" in node.meta for node in gm.graph.nodes)
+
+
+def test_an_op_dtensor_has_no_sharding_strategy_for_is_refused_naming_it_and_the_placements():
+    """Eager DTensor raises NotImplementedError for ``renorm``; fxprop takes placements from DTensor
+    alone, so it cannot answer either: UnsupportedError, with the op and the placements."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    with fxprop.mesh_simulation((4,), ("x",), device_type="cpu") as mesh:
+        x = distribute_tensor(torch.randn(8, 8, device="meta"), mesh, [Shard(0)])
+        with pytest.raises(NotImplementedError, match="sharding strategy"):
+            torch.renorm(x, 2, 0, 1.0)
+        gm = torch.fx.symbolic_trace(lambda t: torch.renorm(t * 2, 2, 0, 1.0))
+        with pytest.raises(fxprop.UnsupportedError, match=r"aten\.renorm\.default.*Shard\(dim=0\)"):
+            fxprop.propagate(gm, x)

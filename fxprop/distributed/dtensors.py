@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -372,5 +373,7 @@ def refuse_unsharded(error: Exception, func: Any, args: tuple, kwargs: dict) -> 
     flat: list = []
     _flatten((args, kwargs), flat)
     placements = [tuple(dtensor_spec_of(value).placements) for value in flat if is_dtensor(value)]
-    return UnsupportedError(f"{func}: DTensor has no sharding strategy registered for it (its DTensor "
+    named = re.search(r"Operator (\S+) does not have a sharding strategy", str(error))
+    op = named.group(1) if named else getattr(func, "__name__", func)
+    return UnsupportedError(f"{op}: DTensor has no sharding strategy registered for it (its DTensor "
                             f"arguments' placements: {placements}); fxprop takes placements from DTensor only")

@@ -44,17 +44,28 @@ def worth_knowing(tensor: torch.Tensor) -> bool:
     return tensor.numel() <= LIMIT
 
 
+_deciding: dict[Any, bool] = {}
+
+
+def _decides_values(func: Any) -> bool:
+    """Whether ``func``'s results are decided by its inputs' values alone (not random, not
+    uninitialized memory, not data-dependent in shape): a fact about the op, kept per op."""
+    found = _deciding.get(func)
+    if found is None:
+        found = (isinstance(func, OpOverload) and not any(tag in func.tags for tag in _SKIPPED_TAGS)
+                 and not any(part in schema_of(func).name.split("::", 1)[-1] for part in _UNDEFINED))
+        _deciding[func] = found
+    return found
+
+
 def host_inputs(func: Any, args: tuple, kwargs: dict, known: KnownValues) -> dict[int, torch.Tensor] | None:
     """Copies of the known values of ``func``'s tensor inputs (by the input's id), when its results
     get known values: every tensor input is known and the op decides its values from its inputs
     alone; else None. Taken before the op runs: an in-place op forgets what it writes."""
+    if not _decides_values(func) or kwargs.get("generator") is not None:
+        return None
     tensors = tensors_in(args, kwargs)
     if tensors and not (known and all(tensor in known for tensor in tensors)):
-        return None  # the common case, decided first
-    if not isinstance(func, OpOverload) or any(tag in func.tags for tag in _SKIPPED_TAGS):
-        return None
-    name = schema_of(func).name.split("::", 1)[-1]
-    if any(part in name for part in _UNDEFINED) or kwargs.get("generator") is not None:
         return None
     if symbolic.has_symbolic((*args, *kwargs.values())):
         return None

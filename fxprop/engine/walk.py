@@ -338,8 +338,8 @@ def _invoke_with_dtensors(target: Any, args: tuple, kwargs: dict) -> Any:
     fxprop cannot answer (it takes placements from DTensor alone), not the model's error."""
     try:
         return _invoke(target, args, kwargs)
-    except PropagationError as error:
-        if "sharding strategy" in str(error):
+    except Exception as error:
+        if "does not have a sharding strategy registered" in str(error):
             raise dtensors.refuse_unsharded(error, target, args, kwargs) from error
         raise
 
