@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+import fxprop
+
 lib = torch.library.Library("fxprop_cli_test", "DEF")
 lib.define("gap(Tensor x, int width) -> Tensor")
 for _key in ("CPU", "CUDA"):  # no fake/meta kernel: falls back
@@ -51,3 +53,12 @@ def tiny_module():
 
 def broken():
     return Broken(), (torch.randn(3, 8),)
+
+
+def tiny_llama():
+    """A two-layer Llama-style decoder on meta and its tokens on cuda:0 (the `--mesh` tests)."""
+    from fxprop.examples import Llama, LlamaConfig
+    config = LlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=8, n_kv_heads=4, ffn_dim=128)
+    with torch.device("meta"):
+        model = Llama(config)
+    return model, (fxprop.TensorSpec((2, 16), dtype=torch.int64, device="cuda:0"),)

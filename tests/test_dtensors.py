@@ -157,3 +157,37 @@ def test_an_op_dtensor_has_no_sharding_strategy_for_is_refused_naming_it_and_the
         gm = torch.fx.symbolic_trace(lambda t: torch.renorm(t * 2, 2, 0, 1.0))
         with pytest.raises(fxprop.UnsupportedError, match=r"aten\.renorm\.default.*Shard\(dim=0\)"):
             fxprop.propagate(gm, x)
+
+
+def test_the_command_line_propagates_one_rank_of_a_planned_mesh_as_eager_dtensors_run(capsys):
+    """``fxprop run ... --mesh dp=2,tp=4 --plan tp``: the rank's collectives are the ones the same
+    model, parallelized the same way, runs eagerly on meta DTensors; its parameter bytes are its
+    local shards'."""
+    import json
+    from fxprop.cli import meshes
+    from fxprop.cli.main import main
+    import importlib
+    cli_models = importlib.import_module("tests.cli_models")  # the module the command line imports
+    code = main(["run", "tests.cli_models:tiny_llama", "--mesh", "dp=2,tp=4", "--plan", "tp", "--rank", "5",
+                 "--param-device", "cuda:0", "--format", "json"])
+    assert code == 0
+    found = json.loads(capsys.readouterr().out)["estimate"]
+    with fxprop.mesh_simulation((2, 4), ("dp", "tp"), rank=5) as mesh:
+        model = meshes.parallelize(cli_models.tiny_llama()[0], mesh, "tp")
+        _, counts = cases.eager_reference(model, torch.empty(2, 16, dtype=torch.int64, device="meta"))
+        local_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    assert {kind: entry["count"] for kind, entry in found["comm"].items()} == counts
+    assert found["state_bytes"]["cuda:0"] >= local_bytes  # parameters, plus the model's buffers
+
+
+def test_the_command_line_refuses_a_mesh_it_cannot_build(capsys):
+    from fxprop.cli.main import main
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "tests.cli_models:tiny_llama", "--mesh", "dp=2,dp=4", "--plan", "tp"])
+    assert exited.value.code == 2 and "given twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "tests.cli_models:tiny_llama", "--mesh", "dp=2", "--plan", "tp"])
+    assert exited.value.code == 2 and "mesh dim named tp" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "tests.cli_models:tiny_llama", "--mesh", "dp=2,tp=4", "--rank", "8"])
+    assert exited.value.code == 2 and "ranks 0 to 7" in capsys.readouterr().err

@@ -85,6 +85,9 @@ def estimate_lines(est: Estimate, top: int = 10) -> list[str]:
         lines.append(f"  peak bytes: {device} {size_text(peak)} {where}")
     lines.append(f"  inputs: {_per_device(est.input_bytes)}; parameters and buffers: {_per_device(est.state_bytes)}; "
                  f"activation peak: {_per_device(est.activation_peak_bytes)}")
+    for kind, entry in sorted(getattr(est, "comm", {}).items()):
+        lines.append(f"  {kind}: {entry['count']} calls, sends {size_text(entry['send_bytes'])}, "
+                     f"receives {size_text(entry['receive_bytes'])} per rank")
     if est.saved_for_backward:
         lines.append(f"  saved for backward: {_per_device(est.saved_for_backward_bytes)} "
                      f"({len(est.saved_for_backward)} forward nodes)")

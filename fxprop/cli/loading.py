@@ -11,7 +11,7 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Callable, Any, Sequence
 
 import torch
 import torch.fx
@@ -84,8 +84,10 @@ def load_callable(reference: str) -> Any:
     return found
 
 
-def from_callable(reference: str, specs: Sequence[TensorSpec], trace: str) -> Loaded:
-    """Call the user's callable; it returns a module or GraphModule, alone or with its inputs."""
+def from_callable(reference: str, specs: Sequence[TensorSpec], trace: str,
+                  prepare: Callable[[torch.nn.Module], torch.fx.GraphModule] | None = None) -> Loaded:
+    """Call the user's callable; it returns a module or GraphModule, alone or with its inputs.
+    ``prepare``, when given, turns the module into the graph instead of tracing it (a mesh's plan)."""
     target = load_callable(reference)
     if isinstance(target, torch.nn.Module):
         produced = target
@@ -106,6 +108,8 @@ def from_callable(reference: str, specs: Sequence[TensorSpec], trace: str) -> Lo
         inputs = tuple(specs)
     elif not inputs:
         raise UsageError(f"{reference}() returned no inputs: give one --input per graph input, e.g. --input 8,16")
+    if prepare is not None:
+        return Loaded(prepare(model), inputs, reference, "fx")
     how = "given" if isinstance(model, torch.fx.GraphModule) else trace
     return Loaded(trace_module(model, inputs, trace), inputs, reference, how)
 

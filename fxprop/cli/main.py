@@ -18,7 +18,7 @@ from ..engine.propagation import DEFAULT_FALLBACK_LIMIT_BYTES, propagate
 from ..errors import FxpropError
 from ..estimate import estimate
 from .report import summarize
-from . import drawing, estimate_report, module_spans, will_it_fit
+from . import drawing, estimate_report, meshes, module_spans, will_it_fit
 from .formats import FORMATS, render
 from .loading import LoadError, Loaded, UsageError, from_callable, from_exported, parse_input_spec, trace_module
 from .progress import Progress
@@ -39,6 +39,13 @@ def _input_spec(text: str):
     try:
         return parse_input_spec(text)
     except Exception as error:  # argparse hides a ValueError's message; keep ours
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _mesh(text: str):
+    try:
+        return meshes.parse_mesh(text)
+    except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
@@ -86,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--live-bytes-plot", "--estimate-svg", dest="live_bytes_plot", metavar="FILE",
                      help="draw live bytes across the node order, the peak marked and each module's span shaded "
                           "and named; SVG, PNG or PDF by the extension (needs matplotlib; implies --estimate)")
+    run.add_argument("--mesh", type=_mesh, metavar="NAME=SIZE,...",
+                     help="propagate one rank of the model parallelized on a simulated mesh, e.g. dp=8,tp=8 "
+                          "(implies --estimate: the rank's memory, FLOPs and collectives)")
+    run.add_argument("--plan", metavar="tp|MODULE:NAME",
+                     help="--mesh: tp (tensor and sequence parallel for Llama-style models) or a plan of yours: "
+                          "a parallelize_module dict or a callable plan(model, mesh); a dp dim shards parameters as FSDP")
+    run.add_argument("--rank", type=int, default=0, help="--mesh: the rank to propagate (default 0)")
+    run.add_argument("--mesh-device", default="cuda", metavar="TYPE",
+                     help="--mesh: the device type of the simulated mesh (default cuda)")
     run.add_argument("--module-depth", type=_depth, metavar="N",
                      help="--live-bytes-plot: mark modules N names deep (h.0.attn is 3 deep; 0: no marks; "
                           "default: the depth of the repeated layers, such as h.0 or model.layers.0)")
@@ -156,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if bool(args.target) == bool(args.graph):
         raise UsageError("give either MODULE:CALLABLE or --graph FILE")
+    if args.mesh is not None:
+        return run_on_mesh(args)
     progress = Progress(args.progress == "always")
     with progress:
         progress.stage(f"loading {args.graph or args.target}")
@@ -163,6 +181,22 @@ def run(args: argparse.Namespace) -> int:
                   else from_callable(args.target, args.inputs, args.trace))
         progress.done()
     return propagate_loaded(loaded, args, progress)
+
+
+def run_on_mesh(args: argparse.Namespace) -> int:
+    """One rank of the callable's model, parallelized by ``--plan`` on a simulated ``--mesh``."""
+    from ..distributed.meshes import mesh_simulation
+    if args.graph:
+        raise UsageError("--mesh parallelizes a module: give MODULE:CALLABLE, not --graph")
+    shape, names = args.mesh
+    meshes.check_rank(args.rank, shape)
+    args.estimate = True  # the rank's memory, FLOPs and collectives are the point
+    with mesh_simulation(shape, names, device_type=args.mesh_device, rank=args.rank) as mesh:
+        loaded = from_callable(args.target, args.inputs, args.trace,
+                               prepare=lambda model: meshes.trace(meshes.parallelize(model, mesh, args.plan)))
+        title = (f"{loaded.origin} on a simulated {' x '.join(f'{n}={s}' for n, s in zip(names, shape))} "
+                 f"{args.mesh_device} mesh, rank {args.rank} (plan {args.plan or 'none'}), {len(loaded.gm.graph.nodes)} nodes")
+        return propagate_loaded(loaded, args, title=title)
 
 
 def propagate_loaded(loaded: Loaded, args: argparse.Namespace, progress: Progress | None = None,

@@ -181,6 +181,7 @@ class Estimate:
             "symbols": {name: {"kind": bounds.kind, "lower": text(bounds.lower), "upper": text(bounds.upper),
                                "node": bounds.node} for name, bounds in self.symbols.items()},
             "flops_unknown": dict(self.flops_unknown),
+            "comm": {kind: dict(entry) for kind, entry in self.comm.items()},
         }
         if nodes:
             found["nodes"] = [node.to_dict() for node in self.nodes]

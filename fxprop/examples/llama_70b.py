@@ -103,6 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     print(report(figures(args.batch, args.seq, dtype, args.device), args.batch, args.seq, dtype))
 
 
+def llama_3_70b(batch: int = 1, seq: int = 8192):
+    """The 70B-shaped decoder on meta and its tokens on ``cuda:0``, for the command line::
+
+        fxprop run fxprop.examples.llama_70b:llama_3_70b --mesh dp=8,tp=8 --plan tp --param-device cuda:0
+    """
+    import fxprop
+    return llama_on_meta(), (fxprop.TensorSpec((batch, seq), dtype=torch.int64, device="cuda:0"),)
+
+
 def parallel_figures(mesh_shape: tuple[int, int] = (8, 8), batch: int = 1, seq: int = 8192,
                      dtype: torch.dtype = torch.bfloat16, config: examples.LlamaConfig = LLAMA_3_70B,
                      rank: int = 0) -> dict[str, Any]:
