@@ -191,11 +191,30 @@ def rank_worker(rank: int, world_size: int, port: int) -> None:
         if world_size == 4:
             run_tensor_parallel(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")), checked,
                                 dynamic=False, train=True, model_of=fsdp_and_tensor_parallel)
+            check_dtensor_values_against_real_ranks(mesh)
         assert checked.ran == len(checked.graphs) > 0, (checked.ran, len(checked.graphs))
         assert checked.meta_kernels_wrong <= set(TORCH_META_KERNELS_WRONG), checked.meta_kernels_wrong
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def check_dtensor_values_against_real_ranks(mesh) -> None:
+    """On real gloo ranks: each module's placements and local shapes, and the collectives by kind,
+    that fxprop propagates for a DTensor module are the ones its real run on this rank has (a
+    tensor-parallel MLP, and a Llama-style decoder with tensor and sequence parallelism)."""
+    from fxprop.distributed import parallel
+    torch.manual_seed(0)
+    programs = ((lambda: tensor_parallel(mesh), torch.randn(4, 16)),
+                (lambda: tiny_llama(mesh, fsdp=False, device="cpu"), torch.randint(0, 256, (2, 16))))
+    for make, tokens in programs:
+        model = make()
+        expected_outputs, expected_counts = eager_reference(model, tokens)
+        gm = parallel.trace(model)
+        fxprop.propagate(gm, tokens)
+        outputs, counts = propagated(gm)
+        assert outputs == {name: expected_outputs[name] for name in outputs}, (outputs, expected_outputs)
+        assert counts == expected_counts, (counts, expected_counts)
 
 
 # --- DTensor values through a graph: the eager reference ------------------------------------

@@ -312,5 +312,7 @@ def _free_port() -> int:
 def test_each_ranks_graphs_match_their_real_execution_on_gloo(world_size):
     """Collectives, sequence parallel (static, training), tensor parallel (dynamic=True) and, on 4
     ranks, FSDP2 over tensor-parallel blocks on a 2x2 mesh: every forward and backward graph of
-    every rank propagated and compared with AOT's metadata and with its real execution there."""
+    every rank propagated and compared with AOT's metadata and with its real execution there. On 4
+    ranks also DTensor values: a tensor-parallel MLP and a TP+SP Llama-style decoder traced with
+    their DTensor parameters, placements, local shapes and collective counts equal to the real run's."""
     mp.spawn(cases.rank_worker, args=(world_size, _free_port()), nprocs=world_size, join=True)
