@@ -192,6 +192,7 @@ def rank_worker(rank: int, world_size: int, port: int) -> None:
             run_tensor_parallel(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")), checked,
                                 dynamic=False, train=True, model_of=fsdp_and_tensor_parallel)
             check_dtensor_values_against_real_ranks(mesh)
+            check_estimate_against_real_ranks(mesh)
         assert checked.ran == len(checked.graphs) > 0, (checked.ran, len(checked.graphs))
         assert checked.meta_kernels_wrong <= set(TORCH_META_KERNELS_WRONG), checked.meta_kernels_wrong
         dist.barrier()
@@ -215,6 +216,68 @@ def check_dtensor_values_against_real_ranks(mesh) -> None:
         outputs, counts = propagated(gm)
         assert outputs == {name: expected_outputs[name] for name in outputs}, (outputs, expected_outputs)
         assert counts == expected_counts, (counts, expected_counts)
+
+
+def _local_storages(value) -> dict:
+    """The storages a value holds on this rank: a DTensor's are its local shard's."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(value, DTensor):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor) and hasattr(value, "trigger_wait"):  # a collective's result, not waited yet
+        value = value.trigger_wait()
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        return {(storage.data_ptr() if storage.nbytes() else id(storage)): storage.nbytes()}
+    found: dict = {}
+    for item in (value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()):
+        found.update(_local_storages(item))
+    return found
+
+
+class LiveLocalBytes(torch.fx.Interpreter):
+    """Real execution on this rank: the bytes of local storages live just after each node, values
+    freed after their last use (as `fxprop.estimate`'s model has it)."""
+
+    def __init__(self, gm):
+        super().__init__(gm, garbage_collect_values=True)
+        self.held: dict = {}
+        for node in gm.graph.nodes:
+            if node.op == "call_module":
+                module = self.fetch_attr(node.target)
+                self.held.update(_local_storages([*module.parameters(), *module.buffers()]))
+            elif node.op == "get_attr":
+                self.held.update(_local_storages(self.fetch_attr(node.target)))
+        self.records: list = []
+
+    def run(self, *args):
+        self.held.update(_local_storages(list(args)))
+        return super().run(*args)
+
+    def run_node(self, node):
+        result = super().run_node(node)
+        live = dict(self.held)
+        for value in [*self.env.values(), result]:
+            live.update(_local_storages(value))
+        self.records.append((node.name, sum(live.values())))
+        return result
+
+
+def check_estimate_against_real_ranks(mesh) -> None:
+    """On real gloo ranks: `fxprop.estimate`'s live bytes after every node of a DTensor module are
+    this rank's live local storages in its real run (a tensor-parallel MLP, a TP+SP decoder)."""
+    from fxprop.distributed import parallel
+    torch.manual_seed(0)
+    programs = ((lambda: tensor_parallel(mesh), torch.randn(4, 16)),
+                (lambda: tiny_llama(mesh, fsdp=False, device="cpu"), torch.randint(0, 256, (2, 16))))
+    for make, tokens in programs:
+        model = make()
+        gm = parallel.trace(model)
+        found = fxprop.estimate(gm, tokens)
+        run = LiveLocalBytes(parallel.trace(model))
+        with torch.no_grad():
+            run.run(tokens.clone())
+        got = [(node.name, node.live_bytes.get("cpu", 0)) for node in found.nodes]
+        assert got == run.records, [(a, b) for a, b in zip(got, run.records) if a != b][:8]
 
 
 # --- DTensor values through a graph: the eager reference ------------------------------------

@@ -190,8 +190,10 @@ class NodeSharding:
 
     @property
     def gathered_parameter_bytes(self) -> int:
-        """Bytes of the parameters the node's module gathered before it ran (FSDP), live while it runs."""
-        return sum(r.local_bytes for r in self.redistributions if r.parameter)
+        """Bytes of the parameters the node's module gathered before it ran (FSDP's explicit
+        ``redistribute`` in its pre-hook), live while it runs. A parameter an op's sharding
+        redistributes by itself (a row-wise layer's bias made partial) is a temporary of the op."""
+        return sum(r.local_bytes for r in self.redistributions if r.parameter and r.explicit)
 
     def comm(self) -> dict[str, dict[str, int]]:
         """{kind: {"count", "send_bytes", "receive_bytes"}} over this node's collectives."""
