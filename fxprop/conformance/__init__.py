@@ -93,13 +93,10 @@ class SampleResult:
     fake: Verdict
 
 
-@dataclass
-class OpResult:
-    """Every sample of one OpInfo. ``skipped`` says why no sample ran (the op is then unverified)."""
-    key: str
-    samples: list[SampleResult] = field(default_factory=list)
-    skipped: str | None = None
-    dtypes: tuple[torch.dtype, ...] = ()
+class Tally:
+    """What an OpInfo's or a ModuleInfo's samples add up to (``samples``: their results, each with
+    an ``fxprop`` and a ``fake`` `Verdict`)."""
+    samples: list
 
     @property
     def total(self) -> int:
@@ -119,11 +116,21 @@ class OpResult:
             return "unverified"
         return "verified" if self.fxprop_matches == self.total else "mismatched"
 
-    def fxprop_mismatches(self) -> list[SampleResult]:
+    def fxprop_mismatches(self) -> list:
         return [s for s in self.samples if not s.fxprop.ok]
 
     def categories(self) -> list[str]:
         return sorted({s.fxprop.category for s in self.fxprop_mismatches()})
+
+
+@dataclass
+class OpResult(Tally):
+    """Every sample of one OpInfo. ``skipped`` says why no sample ran (the op is then unverified)."""
+    key: str
+    samples: list[SampleResult] = field(default_factory=list)
+    skipped: str | None = None
+    dtypes: tuple[torch.dtype, ...] = ()
+
 
     def describe_mismatches(self, limit: int = 5) -> str:
         lines = [f"{self.key}: fxprop matched {self.fxprop_matches}/{self.total} samples "
@@ -287,16 +294,21 @@ def _first_line(error: BaseException) -> str:
 def sweep(keys: Iterable[str] | None = None, *, max_samples: int | None = MAX_SAMPLES,
           progress: Callable[[int, int, str], None] | None = None) -> list[OpResult]:
     """`run_opinfo` for each key (every OpInfo when None), calling ``progress(done, total, key)``."""
-    table = opinfos()
+    return sweep_table(opinfos(), run_opinfo, "OpInfo", keys, max_samples, progress)
+
+
+def sweep_table(table: dict, run: Callable, kind: str, keys: Iterable[str] | None, max_samples: int | None,
+                progress: Callable[[int, int, str], None] | None) -> list:
+    """``run(table[key], max_samples=...)`` for each key (every entry when None), with progress."""
     keys = list(table) if keys is None else list(keys)
     unknown = [key for key in keys if key not in table]
     if unknown:
-        raise KeyError(f"no OpInfo named {', '.join(unknown)}")
+        raise KeyError(f"no {kind} named {', '.join(unknown)}")
     results = []
     for done, key in enumerate(keys):
         if progress is not None:
             progress(done, len(keys), key)
-        results.append(run_opinfo(table[key], max_samples=max_samples))
+        results.append(run(table[key], max_samples=max_samples))
     if progress is not None:
         progress(len(keys), len(keys), "")
     return results

@@ -53,7 +53,7 @@ from ..engine.inputs import values_worth_knowing
 from ..testing import Mismatch, _Recorder, assert_no_side_effects, compare_nodes
 from .. import torch_compat
 from ..torch_compat import FakeTensorMode, pytree
-from . import MATCH, Verdict, _category, _first_line, _judge_error, _short
+from . import MATCH, Tally, Verdict, _category, _first_line, _judge_error, _short, sweep_table
 
 __all__ = ["MAX_SAMPLES", "MODULE_CI_SLICE", "ModuleResult", "ModuleSampleResult", "as_user_passes",
            "check_module_call", "check_module_sample", "module_dtype", "module_graph", "moduleinfos", "run_moduleinfo", "sweep"]
@@ -83,7 +83,7 @@ class ModuleSampleResult:
 
 
 @dataclass
-class ModuleResult:
+class ModuleResult(Tally):
     """Every sample of one ModuleInfo. ``skipped`` says why no sample ran (the module is then unverified)."""
     key: str
     samples: list[ModuleSampleResult] = field(default_factory=list)
@@ -91,32 +91,9 @@ class ModuleResult:
     skipped: str | None = None
 
     @property
-    def total(self) -> int:
-        return len(self.samples)
-
-    @property
-    def fxprop_matches(self) -> int:
-        return sum(s.fxprop.ok for s in self.samples)
-
-    @property
-    def fake_matches(self) -> int:
-        return sum(s.fake.ok for s in self.samples)
-
-    @property
     def fake_matches_ignoring_requires_grad(self) -> int:
         return sum(s.fake_ignoring_requires_grad.ok for s in self.samples)
 
-    @property
-    def status(self) -> str:
-        if not self.samples:
-            return "unverified"
-        return "verified" if self.fxprop_matches == self.total else "mismatched"
-
-    def fxprop_mismatches(self) -> list[ModuleSampleResult]:
-        return [s for s in self.samples if not s.fxprop.ok]
-
-    def categories(self) -> list[str]:
-        return sorted({s.fxprop.category for s in self.fxprop_mismatches()})
 
     def describe_mismatches(self, limit: int = 5) -> str:
         lines = [f"{self.key}: fxprop matched {self.fxprop_matches}/{self.total} samples "
@@ -338,17 +315,5 @@ def _short_at(mismatch: Mismatch) -> str:
 def sweep(keys: Iterable[str] | None = None, *, max_samples: int | None = MAX_SAMPLES,
           progress: Callable[[int, int, str], None] | None = None) -> list[ModuleResult]:
     """`run_moduleinfo` for each key (every ModuleInfo when None), calling ``progress(done, total, key)``."""
-    table = moduleinfos()
-    keys = list(table) if keys is None else list(keys)
-    unknown = [key for key in keys if key not in table]
-    if unknown:
-        raise KeyError(f"no ModuleInfo named {', '.join(unknown)}")
-    results = []
-    for done, key in enumerate(keys):
-        if progress is not None:
-            progress(done, len(keys), key)
-        results.append(run_moduleinfo(table[key], max_samples=max_samples))
-    if progress is not None:
-        progress(len(keys), len(keys), "")
-    return results
+    return sweep_table(moduleinfos(), run_moduleinfo, "ModuleInfo", keys, max_samples, progress)
 

@@ -30,7 +30,7 @@ from ..torch_compat import FakeTensor, pytree, version_counter
 
 from ..engine.metadata import map_structure
 from ..engine.propagation import propagate
-from .mismatches import Mismatch, op_label, render_mismatches, shape_of
+from .mismatches import Mismatch, op_label, paired_items, render_mismatches, shape_of
 from .traced import assert_matches_traced, compare_with_traced, traced_values  # noqa: F401  (part of the kit)
 from ..resolve.call_graphs import call_graph  # noqa: F401  (part of the kit: the one-node graphs check_rule builds)
 from ..errors import FxpropError, PropagationError
@@ -177,11 +177,8 @@ def _compare(got, expected, out: list, node: str, op: str, check_strides: bool, 
                 out.append(Mismatch(node, op, f"{name}{path}", *values[name]))
         return
     if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
-        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            out.append(Mismatch(node, op, f"structure{path}", shape_of(expected), shape_of(got)))
-            return
-        for i, (e, g) in enumerate(zip(expected, got)):
-            _compare(g, e, out, node, op, check_strides, check_device, f"{path}[{i}]")
+        for item_path, e, g in paired_items(expected, got, out, node, op, path):
+            _compare(g, e, out, node, op, check_strides, check_device, item_path)
         return
     if isinstance(got, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not is_concrete(got):
         if not isinstance(expected, {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(got)]):

@@ -38,3 +38,12 @@ def shape_of(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"{type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+def paired_items(expected: Any, got: Any, out: list, node: str, op: str, path: str) -> list[tuple[str, Any, Any]]:
+    """The items of two sequences side by side, each with its path (``[0]``, ``[1]``), to compare
+    one by one; none, with a structure mismatch recorded, when ``got`` is not a sequence as long."""
+    if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+        out.append(Mismatch(node, op, f"structure{path}", shape_of(expected), shape_of(got)))
+        return []
+    return [(f"{path}[{i}]", e, g) for i, (e, g) in enumerate(zip(expected, got))]

@@ -9,7 +9,7 @@ import torch.fx
 
 from ..engine.propagation import propagate
 from ..torch_compat import is_opaque
-from .mismatches import Mismatch, op_label, render_mismatches, shape_of
+from .mismatches import Mismatch, op_label, paired_items, render_mismatches
 
 
 def traced_values(gm: torch.fx.GraphModule) -> dict[str, Any]:
@@ -65,11 +65,8 @@ def _compare_traced(got: Any, expected: Any, out: list, node: str, op: str, chec
         out.extend(Mismatch(node, op, f"{name}{path}", want, have) for name, want, have in fields if want != have)
         return
     if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
-        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            out.append(Mismatch(node, op, f"structure{path}", shape_of(expected), shape_of(got)))
-            return
-        for i, (e, g) in enumerate(zip(expected, got)):
-            _compare_traced(g, e, out, node, op, check_strides, f"{path}[{i}]")
+        for item_path, e, g in paired_items(expected, got, out, node, op, path):
+            _compare_traced(g, e, out, node, op, check_strides, item_path)
         return
     if is_opaque(expected):
         if not (got is expected or (is_opaque(got) and expected == got)):
