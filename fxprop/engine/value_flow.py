@@ -12,7 +12,8 @@ mask against the causal mask it builds (``bool((mask == causal).all())``) is dec
 Results of up to 65,536 elements are kept, of any dtype: computed from known values, a float is
 known as exactly as an integer (of a user's input fxprop keeps only what `values_worth_knowing`
 says, as float inputs are data). Nothing random (``nondeterministic_seeded``),
-nothing uninitialized (``empty``, ``new_empty``, ``resize_``), nothing of symbolic size and
+nothing uninitialized (``empty``, ``new_empty``, ``resize_``), nothing that reads its input's
+storage beyond the view (``as_strided``, ``_reshape_alias``), nothing of symbolic size and
 nothing whose meta layout the host result cannot take is remembered: those results stay
 values fxprop does not know.
 """
@@ -31,6 +32,9 @@ from .known_values import KnownValues
 
 LIMIT = 1 << 16  # elements, as `fxprop.specs.values_worth_knowing`
 _UNDEFINED = ("empty", "resize", "set_")  # results whose values no input decides
+# Results that read their input's storage beyond the view (strides and offset are the storage's):
+# the host copy of a known value is compact, so its storage holds other elements.
+_STORAGE_RELATIVE = ("as_strided", "_reshape_alias")
 _SKIPPED_TAGS = (torch.Tag.nondeterministic_seeded, torch.Tag.nondeterministic_bitwise,
                  torch.Tag.dynamic_output_shape)
 
@@ -54,7 +58,7 @@ def host_inputs(func: Any, args: tuple, kwargs: dict, known: KnownValues) -> dic
     if not isinstance(func, OpOverload) or any(tag in func.tags for tag in _SKIPPED_TAGS):
         return None
     name = schema_of(func).name.split("::", 1)[-1]
-    if any(part in name for part in _UNDEFINED) or kwargs.get("generator") is not None:
+    if any(part in name for part in (*_UNDEFINED, *_STORAGE_RELATIVE)) or kwargs.get("generator") is not None:
         return None
     if symbolic.has_symbolic((*args, *kwargs.values())):
         return None

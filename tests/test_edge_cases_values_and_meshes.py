@@ -1,0 +1,150 @@
+"""Adversary findings (round 2): known values through ops, DTensor values, and their refusals.
+
+Each test compares fxprop with real execution (or torch's own eager DTensor on meta), so it
+passes once the finding is fixed."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx import symbolic_trace
+
+import fxprop
+
+
+def _real(gm, *inputs):
+    """Real execution of ``gm`` on copies of ``inputs``: its result, or the exception it raises."""
+    try:
+        return gm(*[i.clone() if isinstance(i, torch.Tensor) else i for i in inputs])
+    except Exception as error:  # noqa: BLE001 - the reference's refusal is the answer
+        return error
+
+
+# --- known values: the host copy is compact, a view's storage is not ----------------------------
+
+@pytest.mark.parametrize("fn, value", [
+    (lambda n: n[::2].as_strided((2,), (1,)).tolist(), torch.tensor([10, 11, 12, 13, 14, 15])),
+    (lambda n: n[2:].as_strided((2,), (1,), 0).tolist(), torch.tensor([10, 11, 12, 13, 14, 15])),
+    (lambda n: n.as_strided((3,), (1,)).tolist(), torch.arange(6)[::2]),
+], ids=["strided-view", "offset-view", "strided-user-input"])
+def test_as_strided_of_known_values_is_never_the_host_copys_elements(fn, value):
+    """Finding: value flow re-ran ``as_strided`` on a compact host copy of the known view, whose
+    storage holds other elements than the view's storage: ``.tolist()`` gave [10, 12] where real
+    execution gives [10, 11]. Now those results are values fxprop does not know (symbols)."""
+    gm = symbolic_trace(fn)
+    got = fxprop.propagate(gm, value)
+    real = gm(value)
+    assert all(isinstance(g, torch.SymInt) or g == r for g, r in zip(got, real)), (got, real)
+
+
+# --- known values out of range: real execution refuses ------------------------------------------
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.index_put_((i,), torch.tensor(1.0)),
+    lambda x, i: torch.gather(x, 0, i),
+    lambda x, i: torch.scatter(x, 0, i, 1.0),
+    lambda x, i: torch.index_add(x, 0, i, torch.ones(1)),
+    lambda x, i: x.index_copy(0, i, torch.ones(1)),
+    lambda x, i: x.index_fill(0, i, 1.0),
+    lambda x, i: torch.take(x, i),
+], ids=["index_put_", "gather", "scatter", "index_add", "index_copy", "index_fill", "take"])
+def test_known_out_of_range_indices_are_refused_like_the_cpu_kernel(fn):
+    """Finding: with a real index tensor the user passed (its values known), embedding,
+    index_select and ``x[i]`` refuse an index out of range as the CPU kernel does, but these ops
+    accepted index 5 into a dim of size 3 and answered a shape."""
+    gm = symbolic_trace(fn)
+    inputs = (torch.zeros(3), torch.tensor([5]))
+    real = _real(gm, *inputs)
+    assert isinstance(real, Exception)
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, *inputs)
+    assert issubclass(caught.value.error_type, type(real))
+
+
+def test_integer_division_by_a_known_zero_is_refused_like_the_cpu_kernel():
+    """Finding: ``x // (x - 1)`` with x = [1, 2, 3] raises RuntimeError("ZeroDivisionError") on the
+    CPU; fxprop knew every value and answered [u0, u1, u2]."""
+    gm = symbolic_trace(lambda x: (x // (x - 1)).tolist())
+    real = _real(gm, torch.tensor([1, 2, 3]))
+    assert isinstance(real, RuntimeError)
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, torch.tensor([1, 2, 3]))
+    assert issubclass(caught.value.error_type, RuntimeError)
+
+
+# --- a data-dependent length is fxprop's limit, not the model's error ---------------------------
+
+@pytest.mark.parametrize("fn", [lambda x: torch.unique(x).tolist(), lambda x: (x - 2).nonzero().tolist(),
+                                lambda x: x[x > 1].tolist()], ids=["unique", "nonzero", "masked"])
+def test_tolist_of_a_data_dependent_length_is_a_data_dependent_error(fn):
+    """Finding: real execution returns a list; fxprop raised PropagationError with error_type
+    RuntimeError ("tolist(): a tensor of symbolic shape (u0,) has no fixed number of values"),
+    a refusal blamed on the model where the docs promise DataDependentError."""
+    gm = symbolic_trace(fn)
+    assert isinstance(gm(torch.tensor([1, 2, 3])), list)
+    with pytest.raises(fxprop.DataDependentError):
+        fxprop.propagate(gm, torch.tensor([1, 2, 3]))
+
+
+# --- DTensor specs ------------------------------------------------------------------------------
+
+@pytest.fixture
+def mesh():
+    pytest.importorskip("torch.distributed.tensor")
+    with fxprop.mesh_simulation((2, 2), ("dp", "tp")) as made:
+        yield made
+
+
+def test_a_negative_shard_dim_is_normalized_as_dtensor_does(mesh):
+    """Finding: ``Shard(-1)`` is a placement torch accepts (``DTensor.from_local`` normalizes it to
+    ``Shard(1)``); ``TensorSpec(..., placements=(Shard(-1), Replicate()))`` failed with a bare
+    AssertionError ("must be normalized")."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    eager = DTensor.from_local(torch.empty(4, 2, device="meta"), mesh, (Replicate(), Shard(-1)), run_check=False)
+    out = fxprop.propagate(symbolic_trace(lambda x: x * 2),
+                           fxprop.TensorSpec((4, 4), mesh=mesh, placements=(Replicate(), Shard(-1))))
+    assert tuple(out.placements) == tuple(eager.placements)
+    assert tuple(out.to_local().shape) == tuple(eager.to_local().shape)
+
+
+def test_misused_dtensor_specs_are_input_errors(mesh):
+    """Finding: bad ``placements`` gave a bare IndexError (a shard dim out of range, a 0-dim
+    tensor sharded), TypeError (one placement, not a sequence), AttributeError (a mesh that is
+    not a DeviceMesh), or a PropagationError blaming the model's first op (strings or None as
+    placements); the docs promise InputErrors naming the argument."""
+    from torch.distributed.tensor import Replicate, Shard
+    gm = symbolic_trace(lambda x: x * 2)
+    bad = [dict(shape=(4, 4), mesh=mesh, placements=(Shard(2), Replicate())),
+           dict(shape=(), mesh=mesh, placements=(Shard(0), Replicate())),
+           dict(shape=(4, 4), mesh=mesh["tp"], placements=Shard(0)),
+           dict(shape=(4, 4), mesh=(2, 2), placements=(Shard(0), Replicate())),
+           dict(shape=(4, 4), mesh=mesh, placements=("S", "R")),
+           dict(shape=(4, 4), mesh=mesh, placements=(None, None))]
+    for kwargs in bad:
+        with pytest.raises(fxprop.InputError):
+            fxprop.propagate(gm, fxprop.TensorSpec(**kwargs))
+
+
+def test_floor_division_of_a_sharded_integer_dtensor_matches_eager_dtensor(mesh):
+    """Finding: ``a // 2`` of an int64 DTensor sharded on dim 0 runs eagerly on meta DTensors
+    (placements kept: Shard(0)), but fxprop refused it: PropagationError, error_type
+    NotImplementedError ("aten.floor_divide.default does not have a sharding strategy"), in a process
+    where eager DTensor had not yet run ``floor_divide`` (after an eager call, fxprop's succeeds)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    placements = (Replicate(), Shard(0))
+    # fxprop first: once eager DTensor has run the op in this process, fxprop's call succeeds too
+    out = fxprop.propagate(symbolic_trace(lambda a: a // 2),
+                           fxprop.TensorSpec((4, 4), dtype=torch.int64, mesh=mesh, placements=placements))
+    eager = DTensor.from_local(torch.empty(2, 4, dtype=torch.int64, device="meta"), mesh, placements,
+                               run_check=False) // 2
+    assert tuple(out.placements) == tuple(eager.placements)
+    assert tuple(out.to_local().shape) == tuple(eager.to_local().shape)
+
+
+def test_an_op_dtensor_cannot_shard_is_unsupported_not_the_models_error(mesh):
+    """Finding: the docs say an op DTensor has no sharding strategy for is refused as
+    UnsupportedError; ``x.nonzero()`` on a DTensor gave PropagationError with error_type
+    NotImplementedError (eager DTensor raises RuntimeError), blaming the model."""
+    from torch.distributed.tensor import Replicate
+    gm = symbolic_trace(lambda a: a.nonzero())
+    with pytest.raises(fxprop.UnsupportedError):
+        fxprop.propagate(gm, fxprop.TensorSpec((4, 4), mesh=mesh, placements=(Replicate(), Replicate())))
