@@ -128,7 +128,10 @@ def test_floor_division_of_a_sharded_integer_dtensor_matches_eager_dtensor(mesh)
     """Finding: ``a // 2`` of an int64 DTensor sharded on dim 0 runs eagerly on meta DTensors
     (placements kept: Shard(0)), but fxprop refused it: PropagationError, error_type
     NotImplementedError ("aten.floor_divide.default does not have a sharding strategy"), in a process
-    where eager DTensor had not yet run ``floor_divide`` (after an eager call, fxprop's succeeds)."""
+    where eager DTensor had not yet run ``floor_divide`` (after an eager call, fxprop's succeeds).
+    Cause: DTensor's decomposition strategy builds its fake mesh lazily, ``DeviceMesh(device_type,
+    [0])``, and under fxprop's ambient ``torch.device("meta")`` that mesh's rank map is a meta
+    tensor: ``tolist()`` fails, and DTensor reports the op as having no sharding strategy."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     placements = (Replicate(), Shard(0))
     # fxprop first: once eager DTensor has run the op in this process, fxprop's call succeeds too

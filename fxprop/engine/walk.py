@@ -338,7 +338,7 @@ def _invoke_with_dtensors(target: Any, args: tuple, kwargs: dict) -> Any:
     fxprop cannot answer (it takes placements from DTensor alone), not the model's error."""
     try:
         return _invoke(target, args, kwargs)
-    except PropagationError as error:
+    except (PropagationError, NotImplementedError) as error:  # DTensor's own refusal reaches here unwrapped
         if "sharding strategy" in str(error):
             raise dtensors.refuse_unsharded(error, target, args, kwargs) from error
         raise
