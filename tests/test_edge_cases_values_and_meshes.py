@@ -151,3 +151,26 @@ def test_an_op_dtensor_cannot_shard_is_unsupported_not_the_models_error(mesh):
     gm = symbolic_trace(lambda a: a.nonzero())
     with pytest.raises(fxprop.UnsupportedError):
         fxprop.propagate(gm, fxprop.TensorSpec((4, 4), mesh=mesh, placements=(Replicate(), Replicate())))
+
+
+def test_repropagate_of_a_dtensor_graph_equals_a_full_propagate(mesh):
+    """Finding: after an edit, ``repropagate`` re-annotated the edited node and the output with
+    plain FakeTensors of the global shape (no placements, no ``fxprop_dtensor``), where a full
+    ``propagate`` of the edited graph, and eager DTensor, give DTensors sharded as the input."""
+    import operator
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    placements = (Replicate(), Shard(0))
+    gm = symbolic_trace(lambda a: torch.relu(a) + 1)
+    fxprop.propagate(gm, fxprop.TensorSpec((6, 8), mesh=mesh, placements=placements))
+    add = next(node for node in gm.graph.nodes if node.target is operator.add)
+    add.args = (add.args[0], 2)
+    gm.recompile()
+    fxprop.repropagate(gm, [add])
+    full = fxprop.propagate(symbolic_trace(lambda a: torch.relu(a) + 2),
+                            fxprop.TensorSpec((6, 8), mesh=mesh, placements=placements))
+    eager = gm(DTensor.from_local(torch.empty(3, 8, device="meta"), mesh, placements, run_check=False))
+    annotated = add.meta["val"]
+    assert isinstance(annotated, DTensor) and isinstance(full, DTensor)
+    assert tuple(annotated.placements) == tuple(full.placements) == tuple(eager.placements)
+    assert tuple(annotated.to_local().shape) == tuple(full.to_local().shape) == tuple(eager.to_local().shape)
