@@ -36,6 +36,25 @@ def test_as_strided_of_known_values_is_never_the_host_copys_elements(fn, value):
     assert all(isinstance(g, torch.SymInt) or g == r for g, r in zip(got, real)), (got, real)
 
 
+def test_value_flow_never_makes_a_large_sibling_of_a_small_known_result():
+    """Finding: value flow re-ran an op on the host when any one of its results was small enough
+    to keep: ``qr(x, mode="complete")`` of a known (8192, 1) tensor made the (8192, 8192) Q on the
+    host (256 MiB, past ``fallback_limit_bytes=1 MiB``) to learn the (8192, 1) R; at 65,536 rows,
+    16 GiB. In a fresh process, whose peak memory is its own (about 90 MiB without the host run)."""
+    import subprocess
+    import sys
+    script = ("import resource, torch, fxprop\n"
+              "gm = torch.fx.symbolic_trace(lambda k: torch.linalg.qr((torch.arange(8192) + k).float()"
+              ".unsqueeze(1), mode='complete')[1])\n"
+              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              "out = fxprop.propagate(gm, torch.tensor(1), fallback_limit_bytes=1 << 20)\n"
+              "assert out.shape == (8192, 1)\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) < 192 * 1024, f"grew by {done.stdout.split()[-1]} KiB"
+
+
 # --- known values out of range: real execution refuses ------------------------------------------
 
 @pytest.mark.parametrize("fn", [
