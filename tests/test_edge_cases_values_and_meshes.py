@@ -193,3 +193,33 @@ def test_repropagate_of_a_dtensor_graph_equals_a_full_propagate(mesh):
     assert isinstance(annotated, DTensor) and isinstance(full, DTensor)
     assert tuple(annotated.placements) == tuple(full.placements) == tuple(eager.placements)
     assert tuple(annotated.to_local().shape) == tuple(full.to_local().shape) == tuple(eager.to_local().shape)
+
+
+# --- fxprop estimate: a setting torch or transformers refuses is a usage error ------------------
+
+TINY_LLAMA = ("hidden_size=32", "intermediate_size=64", "num_hidden_layers=2", "num_attention_heads=4",
+              "num_key_value_heads=2", "vocab_size=128", "max_position_embeddings=64")
+
+
+@pytest.mark.parametrize("extra", [("hidden_size=30",), ("hidden_size=True",),
+                                   ("--train", "--optimizer", "sgd", "--momentum", "-1")],
+                         ids=["heads-do-not-divide", "bool-size", "negative-momentum"])
+def test_estimate_refuses_settings_transformers_or_torch_refuse_without_a_traceback(extra):
+    """Finding: transformers' config validation (huggingface_hub's StrictDataclassError: a hidden
+    size the heads do not divide, a bool for an int) and torch.optim.SGD's ValueError for a
+    negative momentum escaped ``fxprop estimate`` as Python tracebacks (exit code 1), where other
+    refused settings are one-line usage errors (exit code 2). Constructing the config or the
+    optimizer directly raises, as the command should refuse."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    overrides = tuple(item for item in extra if "=" in item)
+    options = tuple(item for item in extra if "=" not in item)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "fxprop", "estimate", "llama", *TINY_LLAMA, *overrides, "--seq", "8",
+                           "--progress", "never", *options], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
