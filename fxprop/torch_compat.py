@@ -53,6 +53,17 @@ def has_kernel(op_name: str, dispatch_key: str) -> bool:
         return False
 
 
+def prepare_dtensor_decompositions(device_types: tuple[str, ...] = ("cpu", "cuda")) -> None:
+    """DTensor builds a one-rank mesh for its decomposition path (``floor_divide`` of a sharded int
+    tensor) the first time one is needed; built while fxprop computes under ``torch.device("meta")``,
+    that mesh's rank table would be a meta tensor it cannot read. Build them beforehand."""
+    from torch.distributed.tensor import DTensor
+    strategy = getattr(DTensor._op_dispatcher.sharding_propagator, "decomp_strategy", None)
+    if strategy is not None:
+        for device_type in device_types:
+            strategy._get_fake_mesh(device_type)
+
+
 def global_module_hooks_registered() -> bool:
     """Whether hooks that run around every module call are registered (``register_module_forward_hook``
     and its siblings): a module's result then depends on more than the module and its inputs."""

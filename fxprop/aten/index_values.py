@@ -223,9 +223,40 @@ def _value_bounds(index: Any, known: KnownValues) -> Bounds | None:
     return int(real.min()), int(real.max())
 
 
+# ops that index ``self`` along ``dim`` with an index tensor: (dim's position, index's position,
+# how the CPU kernel refuses an index out of range, whether a negative index counts from the end)
+_INDEXING_ALONG_A_DIM = {
+    aten.gather.default: (1, 2, check, False),
+    aten.scatter.value: (1, 2, check, False), aten.scatter.src: (1, 2, check, False),
+    aten.scatter_.value: (1, 2, check, False), aten.scatter_.src: (1, 2, check, False),
+    aten.scatter_add.default: (1, 2, check, False), aten.scatter_add_.default: (1, 2, check, False),
+    aten.scatter_reduce.two: (1, 2, check, False), aten.scatter_reduce_.two: (1, 2, check, False),
+    aten.index_add.default: (1, 2, check_index, False), aten.index_add_.default: (1, 2, check_index, False),
+    aten.index_copy.default: (1, 2, check_index, False), aten.index_copy_.default: (1, 2, check_index, False),
+    aten.index_fill.int_Scalar: (1, 2, check_index, True), aten.index_fill_.int_Scalar: (1, 2, check_index, True),
+    aten.index_fill.int_Tensor: (1, 2, check_index, True), aten.index_fill_.int_Tensor: (1, 2, check_index, True),
+}
+
+
 def check_known_indices(func: Any, args: tuple, kwargs: dict, known: KnownValues) -> None:
     """Refuse, as the CPU kernel does, an op that indexes with known values out of range: embedding,
-    index_select, and advanced indexing (``aten.index.Tensor``)."""
+    index_select, advanced indexing and ``index_put`` (``x[i] = v``), ``take``, and the ops that
+    gather or scatter along a dim."""
+    along = _INDEXING_ALONG_A_DIM.get(func)
+    if along is not None:
+        dim_at, index_at, range_check, negative_allowed = along
+        source, dim, index = args[0], args[dim_at], args[index_at]
+        bounds = _value_bounds(index, known)
+        if bounds is not None and source.dim():
+            _check_index(bounds, index, source.shape[dim], negative_allowed, range_check=range_check)
+        return
+    if func is aten.take.default:
+        bounds = _value_bounds(_arg(args, kwargs, 1, "index"), known)
+        if bounds is not None:
+            _check_index(bounds, args[1], args[0].numel(), negative_allowed=True)
+        return
+    if func in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default):
+        func = aten.index.Tensor  # indexes as x[indices] does
     if func is aten.embedding.default:
         weight, indices = args[0], _arg(args, kwargs, 1, "indices")
         bounds = _value_bounds(indices, known)

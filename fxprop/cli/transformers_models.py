@@ -120,8 +120,17 @@ def _config(transformers: Any, model_type: str, settings: dict[str, Any], source
         if model_type not in transformers.CONFIG_MAPPING:
             raise UsageError(f"{source}: unknown model type {model_type!r}") from None
         raise UsageError(f"{model_type} config refused the settings: {error}") from None
-    except (TypeError, KeyError, AttributeError) as error:
+    except (TypeError, KeyError, AttributeError, *_strict_config_errors()) as error:
         raise UsageError(f"{model_type} config refused the settings: {type(error).__name__}: {error}") from None
+
+
+def _strict_config_errors() -> tuple[type[Exception], ...]:
+    """The errors transformers' strict config dataclasses raise on a value they refuse (huggingface_hub's)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 def _is_setting(transformers: Any, model_type: str, base: dict, plain: Any, key: str, value: Any) -> bool:

@@ -69,6 +69,8 @@ class TensorSpec:
         if self.dtype in _UNSUPPORTED_DTYPES:
             raise InputError(f"TensorSpec dtype {self.dtype} is not supported: quantized and bit-packed tensors "
                              "have no meta kernels to propagate them")
+        if self.mesh is not None and self.placements is not None:
+            object.__setattr__(self, "placements", _checked_placements(self.mesh, self.placements, len(shape)))
         object.__setattr__(self, "device", normalize_device(self.device if self.mesh is None else self.mesh.device_type))
         if self.stride is not None:
             stride = tuple(self.stride)
@@ -105,6 +107,29 @@ class TensorSpec:
 
 
 _MAX_NUMEL = (1 << 63) - 1
+
+
+def _checked_placements(mesh: Any, placements: Any, ndim: int) -> tuple:
+    """A DTensor spec's placements, as torch's `Placement`s with shard dims normalized as
+    ``DTensor.from_local`` normalizes them; InputError for a mesh or placements torch would not take."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.placement_types import Placement, Shard
+    if not isinstance(mesh, DeviceMesh):
+        raise InputError(f"TensorSpec mesh must be a DeviceMesh, got {type(mesh).__name__}: {mesh!r}")
+    if isinstance(placements, (Placement, str)) or not isinstance(placements, Sequence):
+        raise InputError(f"TensorSpec placements must be a sequence of placements, one per mesh dim, got {placements!r}")
+    checked = []
+    for placement in placements:
+        if not isinstance(placement, Placement):
+            raise InputError(f"TensorSpec placements must be torch Placements (Shard(0), Replicate(), Partial()), "
+                             f"got {placement!r}")
+        if isinstance(placement, Shard):
+            if not -ndim <= placement.dim < ndim:
+                raise InputError(f"TensorSpec placement {placement!r}: dim out of range for a tensor of {ndim} dims")
+            if placement.dim < 0 and type(placement) is Shard:
+                placement = Shard(placement.dim + ndim)
+        checked.append(placement)
+    return tuple(checked)
 _UNSUPPORTED_DTYPES = {dtype for name, dtype in vars(torch).items() if isinstance(dtype, torch.dtype)
                        and name.startswith(("quint", "qint", "bits"))}
 

@@ -141,9 +141,12 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     options = _Options.checked(param_device, fallback_limit_bytes, cache, None)
     dirty = _downstream_of_edits(gm, edited)
     symbols = symbolic.session_of(gm)
+    # The annotations the walk starts from are its inputs: DTensors there take DTensor's way again.
+    annotations = [node.meta.get("val") for node in gm.graph.nodes if node not in dirty]
+    with_dtensors = _holds_dtensors(gm, annotations)
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
             garbage_collection_paused():
-        propagation = Propagation(gm, options, symbols)
+        propagation = Propagation(gm, options, symbols, with_dtensors)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
 
@@ -307,6 +310,8 @@ class Propagation:
         self.state = StateView(options.param_device, self.session.real_values)
         self.symbols = symbols
         self.sharding = dtensors.ShardingRecorder() if with_dtensors else None
+        if with_dtensors:
+            torch_compat.prepare_dtensor_decompositions()
         self.mode = DTensorDispatch(self.session, self.sharding) if with_dtensors else RuleDispatch(self.session)
         self.shardings: dict[torch.fx.Node, dtensors.NodeSharding] = {}
         self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))

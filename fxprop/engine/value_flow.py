@@ -12,7 +12,8 @@ mask against the causal mask it builds (``bool((mask == causal).all())``) is dec
 Results of up to 65,536 elements are kept, of any dtype: computed from known values, a float is
 known as exactly as an integer (of a user's input fxprop keeps only what `values_worth_knowing`
 says, as float inputs are data). Nothing random (``nondeterministic_seeded``),
-nothing uninitialized (``empty``, ``new_empty``, ``resize_``), nothing of symbolic size and
+nothing uninitialized (``empty``, ``new_empty``, ``resize_``), nothing that reads its input's
+storage beyond the view (``as_strided``, ``_reshape_alias``), nothing of symbolic size and
 nothing whose meta layout the host result cannot take is remembered: those results stay
 values fxprop does not know.
 """
@@ -27,10 +28,15 @@ from ..aten.in_place import written_arguments
 from ..devices import META
 from ..devices.transfers import tensors_in
 from ..torch_compat import OpOverload, is_non_overlapping_and_dense, pytree, schema_of
+from ..errors import PropagationError
 from .known_values import KnownValues
+from .session import node_device
 
 LIMIT = 1 << 16  # elements, as `fxprop.specs.values_worth_knowing`
 _UNDEFINED = ("empty", "resize", "set_")  # results whose values no input decides
+# Results that read their input's storage beyond the view (strides and offset are the storage's):
+# the host copy of a known value is compact, so its storage holds other elements.
+_STORAGE_RELATIVE = ("as_strided", "_reshape_alias")
 _SKIPPED_TAGS = (torch.Tag.nondeterministic_seeded, torch.Tag.nondeterministic_bitwise,
                  torch.Tag.dynamic_output_shape)
 
@@ -53,7 +59,8 @@ def _decides_values(func: Any) -> bool:
     found = _deciding.get(func)
     if found is None:
         found = (isinstance(func, OpOverload) and not any(tag in func.tags for tag in _SKIPPED_TAGS)
-                 and not any(part in schema_of(func).name.split("::", 1)[-1] for part in _UNDEFINED))
+                 and not any(part in schema_of(func).name.split("::", 1)[-1]
+                             for part in (*_UNDEFINED, *_STORAGE_RELATIVE)))
         _deciding[func] = found
     return found
 
@@ -78,8 +85,8 @@ def learn(func: OpOverload, args: tuple, kwargs: dict, result: Any, copies: dict
     results and of the tensors it writes."""
     outputs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     written = written_arguments(func, args, kwargs) if schema_of(func).is_mutable else []
-    if not any(worth_knowing(t) for t in (*outputs, *written)):
-        return
+    if not any(worth_knowing(t) for t in (*outputs, *written)) or not all(worth_knowing(t) for t in outputs):
+        return  # the host would make every output: one beyond the limit (``qr``'s complete Q) is not made
 
     def on_host(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -93,8 +100,13 @@ def learn(func: OpOverload, args: tuple, kwargs: dict, result: Any, copies: dict
     try:
         with torch.no_grad():
             host_result = func(*host_args, **host_kwargs)
-    except Exception:
-        return  # the host refuses where the meta kernel did not: what the values are stays unknown
+    except (RuntimeError, IndexError, ValueError, TypeError) as error:
+        device = node_device()
+        if device is None or device.type == "cpu":
+            # the CPU kernel on the very values the node has: it refuses them for real (an index out of
+            # range, an integer division by zero), which meta kernels never look at
+            raise PropagationError(str(error).split("\n")[0], error_type=type(error)) from error
+        return  # another device's kernel may answer otherwise (a device-side assert): the values stay unknown
     for meta in written:
         copy = copies.get(id(meta))
         if copy is not None:

@@ -11,10 +11,11 @@ import math
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..engine import session as context
 from .. import symbolic
-from ..errors import DataDependentError
+from ..errors import DataDependentError, UnsupportedError
 from ..resolve.registry import rule
 from ..torch_compat import check, scalar_type_name
 
@@ -114,8 +115,12 @@ def tolist(self: torch.Tensor) -> Any:
     if known is not None:
         with context.on_host():
             return known.tolist()
-    check(all(isinstance(size, int) for size in self.shape),
-          lambda: f"tolist(): a tensor of symbolic shape {tuple(self.shape)} has no fixed number of values")
+    if not all(isinstance(size, int) for size in self.shape):
+        # fxprop's limit, not the model's error: real execution has a number of values to list
+        message = f"tolist(): a tensor of symbolic shape {tuple(self.shape)} has no fixed number of values"
+        if free_unbacked_symbols(tuple(self.shape)):
+            raise DataDependentError(f"{message}: its size depends on the data")
+        raise UnsupportedError(message)
 
     def nested(sizes: tuple) -> Any:
         if not sizes:
