@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _standalone_examples():
-    """fxprop/examples/__init__.py loaded on its own: building a graph must not import fxprop (the cold
-    measurement's clock covers that import). examples.py imports torch only."""
-    path = Path(__file__).resolve().parent.parent / "fxprop" / "examples.py"
+    """fxprop/examples/models.py loaded on its own: building a graph must not import fxprop (the cold
+    measurement's clock covers that import). models.py imports torch only."""
+    path = Path(__file__).resolve().parent.parent / "fxprop" / "examples" / "models.py"
     spec = importlib.util.spec_from_file_location("fxprop_benchmark_examples", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
