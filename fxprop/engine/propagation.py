@@ -47,6 +47,7 @@ from ..torch_compat import FakeTensorMode, pytree
 from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance, _op_name
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
+_VALUES_KEPT_WITH_AN_ENTRY = 4096  # elements: a larger known result (a long arange) is computed each time
 
 
 def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device | str | None = None,
@@ -404,10 +405,26 @@ class Propagation:
         self.environment, self.around, on_close = self.regions.pop()
         on_close()
 
-    def knows_values_in(self, value: Any) -> bool:
-        """Whether a result holds a tensor whose values are known (`fxprop.engine.value_flow`)."""
+    def values_held_by(self, value: Any) -> tuple | None:
+        """The known values a result holds, as a memo entry keeps them: (position among its tensors,
+        a copy of the real values); None where one is larger than an entry keeps."""
         known = self.session.real_values
-        return bool(known) and any(isinstance(leaf, torch.Tensor) and leaf in known for leaf in pytree.tree_leaves(value))
+        if not known:
+            return ()
+        held = []
+        for position, leaf in enumerate(leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)):
+            real = known.get(leaf)
+            if real is not None:
+                if real.numel() > _VALUES_KEPT_WITH_AN_ENTRY:
+                    return None
+                held.append((position, real.clone()))
+        return tuple(held)
+
+    def remember_values(self, value: Any, values: tuple) -> None:
+        """A memoized result's known values, for the tensors rebuilt from the entry."""
+        tensors = [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+        for position, real in values:
+            self.session.real_values.remember(tensors[position], real.clone())
 
     def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
         """The cache slot of one call, or None where a cached answer could be wrong."""

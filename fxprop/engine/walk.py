@@ -196,7 +196,9 @@ class GraphWalk:
         memo = self.propagation.memo_for(node.op, target, args, kwargs)
         hit = memo.lookup(args, kwargs, self.propagation.session.fallback_limit_bytes) if memo is not None else None
         if hit is not None and not self.propagation.options.verify:
-            value, provenance = hit
+            value, provenance, values = hit
+            if values:
+                self.propagation.remember_values(value, values)
         else:
             symbols_before = self.propagation.symbols.symbol_count()
             around = self.propagation.around
@@ -217,8 +219,10 @@ class GraphWalk:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
                     self.propagation.refresh_environment()
-            elif hit is None and not created_symbols and not self.propagation.knows_values_in(value):
-                memo.store(args, kwargs, value, provenance)  # a result with known values is not one to reuse
+            elif hit is None and not created_symbols:
+                values = self.propagation.values_held_by(value)
+                if values is not None:  # None: values too large to keep with the entry, so it is not kept
+                    memo.store(args, kwargs, value, provenance, values)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)
         return value, provenance

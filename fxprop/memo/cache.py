@@ -315,6 +315,7 @@ class Entry:
     provenance: Any
     mentions_alias: bool
     unlinked_grad: bool  # rebuilding it makes a tensor that requires grad but has no autograd history
+    values: tuple = ()  # (position among the result's tensors, the real values it holds) of results with known values
 
 
 def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
@@ -451,9 +452,10 @@ class CallMemo:
             return None
         return CallMemo(cache, key, differentiates)
 
-    def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any] | None:
-        """(result, provenance) of an earlier identical call, or None. A hit whose first run needed
-        the fallback costs what that run cost: over ``fallback_limit_bytes`` it raises as that run would."""
+    def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any, tuple] | None:
+        """(result, provenance, known values) of an earlier identical call, or None: the known values
+        are (position among the result's tensors, real tensor) pairs. A hit whose first run needed the
+        fallback costs what that run cost: over ``fallback_limit_bytes`` it raises as that run would."""
         entry = self.cache.get(self.key)
         if entry is None or (self.differentiates and entry.unlinked_grad):
             return None
@@ -466,11 +468,14 @@ class CallMemo:
                 f"inputs, outputs and temporaries when it first ran), over the fallback limit of "
                 f"{fallback_limit_bytes:,} bytes (raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
         inputs = tensors_in(args, kwargs) if entry.mentions_alias else []
-        return rebuild(entry.recipe, inputs), provenance
+        return rebuild(entry.recipe, inputs), provenance, entry.values
 
-    def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any) -> None:
+    def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any, values: tuple = ()) -> None:
+        """Keep a result; ``values``: the real values its tensors hold, as `lookup` gives them back
+        (only a call whose inputs hold no known values is memoized, so they follow from the key)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
         described = recipe(value, tensors_in(args, kwargs))
         if described is not None:
-            self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described)))
+            self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
+                                           values))
