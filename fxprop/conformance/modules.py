@@ -53,7 +53,7 @@ from ..engine.inputs import values_worth_knowing
 from ..testing import Mismatch, _Recorder, assert_no_side_effects, compare_nodes
 from .. import torch_compat
 from ..torch_compat import FakeTensorMode, pytree
-from . import MATCH, Tally, Verdict, _category, _first_line, _judge_error, _short, sweep_table
+from . import MATCH, Tally, Verdict, _category, _first_line, _judge_error, _short, _spread, sweep_table
 
 __all__ = ["MAX_SAMPLES", "MODULE_CI_SLICE", "ModuleResult", "ModuleSampleResult", "as_user_passes",
            "check_module_call", "check_module_sample", "module_dtype", "module_graph", "moduleinfos", "run_moduleinfo", "sweep"]
@@ -162,11 +162,6 @@ def run_moduleinfo(info: Any, *, max_samples: int | None = MAX_SAMPLES) -> Modul
         result.skipped = "; ".join(problems) or "the ModuleInfo yields no CPU samples"
     return result
 
-
-def _spread(count: int, limit: int | None) -> list[int]:
-    if limit is None or count <= limit:
-        return list(range(count))
-    return sorted({i * count // limit for i in range(limit)})
 
 
 def build_module(info: Any, sample: Any, dtype: torch.dtype, training: bool) -> torch.nn.Module:
