@@ -311,4 +311,3 @@ def sweep(keys: Iterable[str] | None = None, *, max_samples: int | None = MAX_SA
           progress: Callable[[int, int, str], None] | None = None) -> list[ModuleResult]:
     """`run_moduleinfo` for each key (every ModuleInfo when None), calling ``progress(done, total, key)``."""
     return sweep_table(moduleinfos(), run_moduleinfo, "ModuleInfo", keys, max_samples, progress)
-
