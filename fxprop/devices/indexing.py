@@ -20,7 +20,8 @@ import torch
 
 from ..errors import DeviceMismatchError
 from .placement import device_of, merge_devices
-from .transfers import Placement, default_placement, everywhere, onto_meta, tensors_in, transfer
+from ..call import tensors_in
+from .transfers import Placement, default_placement, everywhere, onto_meta, transfer
 
 aten = torch.ops.aten
 

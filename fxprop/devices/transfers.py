@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 import torch
 from ..torch_compat import OpOverload, OpOverloadPacket, schema_of
 
+from ..call import Call, tensors_in
 from ..errors import PropagationError, RuleRegistrationError
 from .placement import CPU, META, device_of, merge_devices, normalize_device
 
@@ -84,24 +85,6 @@ def everywhere(name: str, *, aten_name: str | None = None) -> tuple[Any, ...]:
     return tuple(found)
 
 
-def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def visit(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-
-    visit(args)
-    visit(kwargs)
-    return found
-
-
 def onto_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """The call with every device argument made "meta" and pinning dropped."""
     args = tuple(META if isinstance(a, torch.device) else a for a in args)
@@ -111,14 +94,15 @@ def onto_meta(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-def default_placement(target: Any, args: tuple, kwargs: dict) -> Placement:
-    """An explicit device argument, else the inputs' common device, else the CPU."""
+def default_placement(target: Any, args: tuple, kwargs: dict, tensors: list[torch.Tensor] | None = None) -> Placement:
+    """An explicit device argument, else the inputs' common device, else the CPU (``tensors``: the
+    call's tensors, when already found)."""
     explicit = kwargs.get("device")
     if explicit is None:
         explicit = next((a for a in args if isinstance(a, torch.device)), None)
     if explicit is not None:
         return Placement(normalize_device(explicit), target, *onto_meta(args, kwargs), "explicit device argument")
-    common = merge_devices(tensors_in(args, kwargs))
+    common = merge_devices(tensors_in(args, kwargs) if tensors is None else tensors)
     if common is None:
         if isinstance(target, OpOverload) and any(a.name == "device" for a in schema_of(target).arguments):
             kwargs = {**kwargs, "device": META}  # an aten factory: `with torch.device("meta")` does not reach it
@@ -126,12 +110,13 @@ def default_placement(target: Any, args: tuple, kwargs: dict) -> Placement:
     return Placement(common, target, *onto_meta(args, kwargs), "common device of inputs", transfer=False)
 
 
-def place(target: Any, args: tuple, kwargs: dict) -> Placement:
+def place(call: Call) -> Placement:
     """The placement for one call: its table entry's, else the default rule's."""
+    target = call.target
     entry = TRANSFERS.get(target) if _hashable(target) else None
     if entry is None:
-        return default_placement(target, args, kwargs)
-    return entry[1](target, args, kwargs)
+        return default_placement(target, call.args, call.kwargs, call.tensors)
+    return entry[1](target, call.args, call.kwargs)
 
 
 def _hashable(target: Any) -> bool:

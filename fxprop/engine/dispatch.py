@@ -19,7 +19,7 @@ from . import value_flow
 from .session import Session
 from . import session as context
 from ..devices import META, merge_devices, tag
-from ..devices.transfers import tensors_in
+from ..call import Call
 from ..errors import UnsupportedError
 from ..aten.host_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from ..aten.in_place import written_arguments
@@ -28,7 +28,7 @@ from ..kinds import Kind, Rule
 from ..kinds.decomposition import run_composite_kernel, run_decomposition
 from ..kinds.fallback import refuse_without_kernel_for, run_on_host
 from ..kinds.meta import run_meta
-from ..resolve.order import resolve
+from ..resolve.order import resolve_op
 from .inputs import to_internal
 from ..torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, dtensor_type, schema_of
 
@@ -60,23 +60,26 @@ class RuleDispatch(TorchDispatchMode):
 
     def dispatch(self, func, args: tuple, kwargs: dict) -> Any:
         args, kwargs = _onto_meta(args, kwargs)
-        if any(t.device.type != "meta" for t in tensors_in(args, kwargs)):
-            args, kwargs = self.constants_onto_meta(args, kwargs)
+        call = Call(func, args, kwargs)
+        if any(t.device.type != "meta" for t in call.tensors):
+            call = Call(func, *self.constants_onto_meta(args, kwargs))
             node_device = context.node_device()
             if torch.Tag.pointwise in func.tags and node_device is not None:
-                merge_devices([*tensors_in(args, kwargs), tag(torch.empty((1,), device="meta"), node_device)])
+                merge_devices([*call.tensors, tag(torch.empty((1,), device="meta"), node_device)])
         if self.symbols.active and torch.Tag.pointwise in func.tags and not schema_of(func).is_mutable:
-            args, kwargs = symbolic.broadcast_inputs(args, kwargs)
-        rule = resolve(func, args, kwargs, in_progress=self.in_progress)
+            broadcast = symbolic.broadcast_inputs(call.args, call.kwargs)
+            if broadcast[0] is not call.args or broadcast[1] is not call.kwargs:
+                call = Call(func, *broadcast)
+        rule = resolve_op(call, in_progress=self.in_progress)
         if self.depth <= self.noted_depth:
             self.session.record.note(rule.kind, rule.name)
         if not self.symbols.active:
-            return self.run(func, rule, args, kwargs)
+            return self.run(rule, call)
         try:
             with symbolic.python_dispatcher():
-                return self.run(func, rule, args, kwargs)
+                return self.run(rule, call)
         except DATA_DEPENDENT_ERRORS as error:
-            raise symbolic.undecidable(func, args, kwargs, error) from error
+            raise symbolic.undecidable(func, call.args, call.kwargs, error) from error
 
     def constants_onto_meta(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """A real tensor reaching an op here is the user's own constant (a module-level tensor
@@ -91,10 +94,11 @@ class RuleDispatch(TorchDispatchMode):
             return value
         return onto_meta(args), {key: onto_meta(value) for key, value in kwargs.items()}
 
-    def run(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
+    def run(self, rule: Rule, call: Call) -> Any:
+        func, args, kwargs = call.target, call.args, call.kwargs
         known = self.session.real_values
         # Copies of the inputs' known values, taken before an in-place op forgets what it writes.
-        host_inputs = value_flow.host_inputs(func, args, kwargs, known)
+        host_inputs = value_flow.host_inputs(call, known)
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
                 known.forget_written(written)

@@ -27,13 +27,13 @@ import torch
 import torch.fx
 
 from .. import ambient, symbolic, torch_compat
+from ..call import Call
 from ..memo.backend_flags import environment
 from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, is_pure, may_differentiate, rule_cache,
                           symbolic_signature, verify_by_default)
 from .metadata import FakeTensorFactory, map_structure
 from .session import Session
 from ..devices import default_device_if_set, logical_default_device
-from ..devices.transfers import tensors_in
 from .dispatch import DTensorDispatch, RuleDispatch
 from ..distributed import dtensors
 from ..errors import InputError
@@ -426,8 +426,8 @@ class Propagation:
         for position, real in values:
             self.session.real_values.remember(tensors[position], real.clone())
 
-    def memo_for(self, op: str, target: Any, args: tuple, kwargs: dict) -> CallMemo | None:
-        """The cache slot of one call, or None where a cached answer could be wrong."""
+    def memo_for(self, op: str, call: Call) -> CallMemo | None:
+        """The cache slot of a node's call (``op``: the node's op), or None where a cached answer could be wrong."""
         cache = self.options.memo
         if cache is None or self.sharding is not None:  # a DTensor's signature would not hold its placements
             return None
@@ -437,11 +437,12 @@ class Propagation:
         if op == "call_module" and torch_compat.global_module_hooks_registered():
             return None  # hooks every module call runs (nn.modules.module.register_module_forward_hook)
         real_values = self.session.real_values
-        if real_values and any(t in real_values for t in tensors_in(args, kwargs)):
+        if real_values and any(t in real_values for t in call.tensors):
             return None  # a rule may read the values, which the key does not hold
         context = (self.environment, self.default_device, registry_generation())
+        target = call.target
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
-        return CallMemo.for_call(cache, op, target, target_key, args, kwargs, context, self.differentiates,
+        return CallMemo.for_call(cache, op, call, target_key, context, self.differentiates,
                                  symbolic_signature if symbolic_call else self.signatures)
 
     def commit(self) -> None:

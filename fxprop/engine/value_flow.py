@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-from .. import symbolic
 from ..aten.in_place import written_arguments
 from ..devices import META
-from ..devices.transfers import tensors_in
+from ..call import Call
 from ..torch_compat import OpOverload, is_non_overlapping_and_dense, pytree, schema_of
 from ..errors import PropagationError
 from .known_values import KnownValues
@@ -65,16 +64,16 @@ def _decides_values(func: Any) -> bool:
     return found
 
 
-def host_inputs(func: Any, args: tuple, kwargs: dict, known: KnownValues) -> dict[int, torch.Tensor] | None:
-    """Copies of the known values of ``func``'s tensor inputs (by the input's id), when its results
+def host_inputs(call: Call, known: KnownValues) -> dict[int, torch.Tensor] | None:
+    """Copies of the known values of the call's tensor inputs (by the input's id), when its results
     get known values: every tensor input is known and the op decides its values from its inputs
     alone; else None. Taken before the op runs: an in-place op forgets what it writes."""
-    if not _decides_values(func) or kwargs.get("generator") is not None:
+    if not _decides_values(call.target) or call.kwargs.get("generator") is not None:
         return None
-    tensors = tensors_in(args, kwargs)
+    tensors = call.tensors
     if tensors and not (known and all(tensor in known for tensor in tensors)):
         return None
-    if symbolic.has_symbolic((*args, *kwargs.values())):
+    if call.has_symbolic:
         return None
     return {id(tensor): known.get(tensor).detach().to("cpu", copy=True) for tensor in tensors}
 

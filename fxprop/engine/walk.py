@@ -14,7 +14,7 @@ from ..memo.cache import same_result
 from .metadata import map_structure, tensor_metadata
 from .session import NodeRecord
 from ..devices import device_of, merge_devices, tag
-from ..devices.transfers import tensors_in
+from ..call import Call
 from ..errors import InternalError, NodeError, PropagationError, UnsupportedError
 from ..kinds import Kind, costlier
 from ..resolve.registry import target_name
@@ -193,8 +193,9 @@ class GraphWalk:
 
     def call(self, node: torch.fx.Node, target: Any) -> tuple[Any, Provenance]:
         args, kwargs = self.load(node.args), self.load(node.kwargs)
-        memo = self.propagation.memo_for(node.op, target, args, kwargs)
-        hit = memo.lookup(args, kwargs, self.propagation.session.fallback_limit_bytes) if memo is not None else None
+        call = Call(target, args, kwargs)
+        memo = self.propagation.memo_for(node.op, call)
+        hit = memo.lookup(call, self.propagation.session.fallback_limit_bytes) if memo is not None else None
         if hit is not None and not self.propagation.options.verify:
             value, provenance, values = hit
             if values:
@@ -203,10 +204,10 @@ class GraphWalk:
             symbols_before = self.propagation.symbols.symbol_count()
             around = self.propagation.around
             if around is not None and node.op != "call_module":
-                value, provenance = around(target, args, kwargs, lambda a, k: self.compute(node, target, a, k))
+                value, provenance = around(target, args, kwargs, lambda a, k: self.compute(node, Call(target, a, k)))
             else:
-                value, provenance = self.compute(node, target, args, kwargs)
-            if hit is not None and not same_result(hit[0], value, tensors_in(args, kwargs)):
+                value, provenance = self.compute(node, call)
+            if hit is not None and not same_result(hit[0], value, call.tensors):
                 raise InternalError(f"the rule cache returned a different result for {target_name(target)} than "
                                     f"the rule computes now: cached {_describe(hit[0])}, computed {_describe(value)}")
             symbols = self.propagation.symbols
@@ -222,16 +223,17 @@ class GraphWalk:
             elif hit is None and not created_symbols:
                 values = self.propagation.values_held_by(value)
                 if values is not None:  # None: values too large to keep with the entry, so it is not kept
-                    memo.store(args, kwargs, value, provenance, values)
+                    memo.store(call, value, provenance, values)
         self.propagation.index_values.observe(node, type(target) if node.op == "call_module" else target,
                                               args, kwargs, value)
         return value, provenance
 
-    def compute(self, node: torch.fx.Node, target: Any, args: tuple, kwargs: dict) -> tuple[Any, Provenance]:
+    def compute(self, node: torch.fx.Node, call: Call) -> tuple[Any, Provenance]:
         propagation = self.propagation
+        target, args, kwargs = call.target, call.args, call.kwargs
         if isinstance(target, torch.fx.GraphModule) and node.op == "call_module":
             return self.nested_graph(target, args, kwargs)
-        resolution = resolve_call(target, args, kwargs)
+        resolution = resolve_call(call)
         rule, placement = resolution.rule, resolution.placement
         if rule.kind is Kind.DEVICE:
             return placement.host_value, Provenance(Kind.DEVICE, rule.name, device_rule=rule.device_rule)
@@ -239,7 +241,7 @@ class GraphWalk:
             raise UnsupportedError(rule.name)
         state = propagation.state
         if node.op == "call_module":
-            device = merge_devices([*tensors_in(args, kwargs), *state.state_tensors(target)])
+            device = merge_devices([*call.tensors, *state.state_tensors(target)])
             call_target = state.shadow(target)
             call_args = (call_target, *args) if rule.kind is Kind.PYTHON else args
             call_kwargs, device_rule = kwargs, None

@@ -25,7 +25,7 @@ from typing import Any, Hashable
 import torch
 
 from ..devices import device_of, tag
-from ..devices.transfers import tensors_in
+from ..call import Call
 from ..errors import FallbackLimitError
 from ..torch_compat import (DelayedError, OpOverload, OpOverloadPacket, allocations_measurable,
                             autograd_restricts_in_place, functorch_depth, is_view, schema_of, set_grad_enabled_op,
@@ -435,16 +435,17 @@ class CallMemo:
         self.differentiates = differentiates
 
     @staticmethod
-    def for_call(cache: RuleCache, op: str, target: Any, target_key: Any, args: tuple, kwargs: dict,
-                 context: Hashable, differentiates: bool = False, sign: Any = signature) -> "CallMemo | None":
-        """``target_key()`` stands for the target in the key (a module: its state's signature);
+    def for_call(cache: RuleCache, op: str, call: Call, target_key: Any, context: Hashable,
+                 differentiates: bool = False, sign: Any = signature) -> "CallMemo | None":
+        """The slot of ``call`` (a node's: ``op`` is the node's op); ``target_key()`` stands for
+        the target in the key (a module: its state's signature);
         ``context`` is everything else a result depends on (grad mode, backend flags, ...);
         ``differentiates``: the graph may differentiate its values (`may_differentiate`);
         ``sign``: `signature`, or a `TensorSignatures`, or `symbolic_signature` for symbolic sizes."""
-        if not is_pure(op, target, args, kwargs) or functorch_depth() > 0:
+        if not is_pure(op, call.target, call.args, call.kwargs) or functorch_depth() > 0:
             return None  # under vmap or grad transforms a tensor's meaning depends on the level: never reused
         try:
-            key = (op, target_key(), sign(args), sign(kwargs), context)
+            key = (op, target_key(), sign(call.args), sign(call.kwargs), context)
             hash(key)
         except (Uncacheable, TypeError):
             return None
@@ -452,8 +453,8 @@ class CallMemo:
             return None
         return CallMemo(cache, key, differentiates)
 
-    def lookup(self, args: tuple, kwargs: dict, fallback_limit_bytes: int) -> tuple[Any, Any, tuple] | None:
-        """(result, provenance, known values) of an earlier identical call, or None: the known values
+    def lookup(self, call: Call, fallback_limit_bytes: int) -> tuple[Any, Any, tuple] | None:
+        """(result, provenance, known values) of an earlier call identical to ``call``, or None: the known values
         are (position among the result's tensors, real tensor) pairs. A hit whose first run needed the
         fallback costs what that run cost: over ``fallback_limit_bytes`` it raises as that run would."""
         entry = self.cache.get(self.key)
@@ -467,15 +468,15 @@ class CallMemo:
                 f"{provenance.rule}: running it on real tensors needs {provenance.fallback_bytes:,} bytes (its "
                 f"inputs, outputs and temporaries when it first ran), over the fallback limit of "
                 f"{fallback_limit_bytes:,} bytes (raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
-        inputs = tensors_in(args, kwargs) if entry.mentions_alias else []
+        inputs = call.tensors if entry.mentions_alias else []
         return rebuild(entry.recipe, inputs), provenance, entry.values
 
-    def store(self, args: tuple, kwargs: dict, value: Any, provenance: Any, values: tuple = ()) -> None:
-        """Keep a result; ``values``: the real values its tensors hold, as `lookup` gives them back
+    def store(self, call: Call, value: Any, provenance: Any, values: tuple = ()) -> None:
+        """Keep the result of ``call``; ``values``: the real values its tensors hold, as `lookup` gives them back
         (only a call whose inputs hold no known values is memoized, so they follow from the key)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
-        described = recipe(value, tensors_in(args, kwargs))
+        described = recipe(value, call.tensors)
         if described is not None:
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
                                            values))

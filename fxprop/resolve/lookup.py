@@ -7,6 +7,7 @@ import torch
 import torch.fx
 
 from .. import ambient, symbolic
+from ..call import Call
 from .call_graphs import call_graph
 from ..engine.session import Session
 from ..engine.propagation import propagate
@@ -44,7 +45,7 @@ def lookup(target: Any, *args: Any, **kwargs: Any) -> Rule:
     with without_ambient_modes(), ambient.entered(session=session, symbols=symbolic.SymbolicSession()):
         internal_args = tuple(to_internal(a, f"argument {i}", session.real_values) for i, a in enumerate(args))
         internal_kwargs = {k: to_internal(v, f"argument {k!r}", session.real_values) for k, v in kwargs.items()}
-        return resolve_call(target, internal_args, internal_kwargs).rule
+        return resolve_call(Call(target, internal_args, internal_kwargs)).rule
 
 
 def _propagated(target: Any, args: tuple, kwargs: dict) -> Rule:

@@ -41,7 +41,7 @@ from ..engine import session as context
 from . import registry
 from .. import symbolic
 from ..devices import TRANSFERS, Placement, place
-from ..devices.transfers import tensors_in
+from ..call import Call
 from ..engine.known_values import has_no_values
 from ..kinds import Kind, Rule, is_python_operator
 from .registry import target_name
@@ -73,32 +73,39 @@ def resolve(target: Any, args: tuple | None = None, kwargs: dict | None = None, 
     kind it may resolve to in `Rule.kinds`). ``in_progress`` holds the ops whose python rules are
     running: an op called from its own rule resolves past that rule.
 
-    This is how fxprop's dispatch resolves the aten ops a node reaches; devices are decided per
-    node (`resolve_call`), so nothing here consults the inputs' devices.
+    Devices are decided per node (`resolve_call`), so nothing here consults the inputs' devices.
     """
+    if args is None:
+        return _static_in(target, in_progress)
+    return resolve_op(Call(target, args, kwargs or {}), in_progress=in_progress)
+
+
+def resolve_op(call: Call, *, in_progress: tuple = ()) -> Rule:
+    """`resolve` of one call: how fxprop's dispatch resolves each aten op a node reaches."""
+    return _for_values(_static_in(call.target, in_progress), call, context.node_device())
+
+
+def _static_in(target: Any, in_progress: tuple) -> Rule:
     rule = static_rule(target)
     if rule.kind is Kind.PYTHON and target in in_progress:
         rule = _after_python_rule(target)
-    return rule if args is None else _for_values(target, rule, args, kwargs or {}, context.node_device())
+    return rule
 
 
-def resolve_call(target: Any, args: tuple | None = None, kwargs: dict | None = None) -> Resolution:
-    """`resolve` for a node's own call, with the placement of its result when ``args`` are given:
-    a device rule may answer on its own."""
-    if isinstance(target, OpOverloadPacket) and args is not None:
-        overload = overload_for_call(target, args, kwargs or {})
+def resolve_call(call: Call) -> Resolution:
+    """`resolve` for a node's own call, with the placement of its result: a device rule may answer on its own."""
+    target = call.target
+    if isinstance(target, OpOverloadPacket):
+        overload = overload_for_call(target, call.args, call.kwargs)
         if overload is not None:
-            return resolve_call(overload, args, kwargs)
+            return resolve_call(call.of(overload))
     rule = static_rule(target)
-    if args is None:
-        return Resolution(rule)
-    kwargs = kwargs or {}
     placement = None
     if not isinstance(target, torch.nn.Module):
-        placement = place(target, args, kwargs)
+        placement = place(call)
         if placement.has_host_value:
             return Resolution(Rule(Kind.DEVICE, placement.rule, device_rule=placement.rule), placement)
-    resolved = _for_values(target, rule, args, kwargs, placement.device if placement is not None else None)
+    resolved = _for_values(rule, call, placement.device if placement is not None else None)
     placed_by = placement.rule if placement is not None and placement.transfer else None
     if isinstance(target, OpOverload) and not schema_of(target).returns:
         placed_by = None  # an op that returns nothing places nothing (_assert_tensor_metadata)
@@ -234,19 +241,19 @@ numbers) whose product passes this keep the meta kernel's answer, as the host's 
 as large (``mm`` of (n, 0) by (0, m) is n x m zeros)."""
 
 
-def _only_empty_tensors(args: tuple, kwargs: dict) -> bool:
-    tensors = tensors_in(args, kwargs)
-    if not tensors or symbolic.has_symbolic((args, kwargs)) or any(t.numel() for t in tensors):
+def _only_empty_tensors(call: Call) -> bool:
+    tensors = call.tensors
+    if not tensors or call.has_symbolic or any(t.numel() for t in tensors):
         return False
-    sizes = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
+    sizes = [v for v in pytree.tree_leaves((call.args, call.kwargs)) if isinstance(v, int) and not isinstance(v, bool)]
     sizes += [size for t in tensors for size in t.shape]
     return math.prod(size for size in sizes if size > 0) <= _EMPTY_CALL_SIZE_LIMIT
 
 
-def _meta_kernel_refuses(op: OpOverload, args: tuple, kwargs: dict) -> bool:
+def _meta_kernel_refuses(call: Call) -> bool:
     try:
         with context.on_host():
-            op(*args, **kwargs)
+            call.target(*call.args, **call.kwargs)
     except (RuntimeError, IndexError, ValueError, TypeError):
         return True
     except Exception:  # not a refusal of the call: the meta kernel's own limits
@@ -254,17 +261,17 @@ def _meta_kernel_refuses(op: OpOverload, args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def _for_values(target: Any, rule: Rule, args: tuple, kwargs: dict, device: torch.device | None) -> Rule:
+def _for_values(rule: Rule, call: Call, device: torch.device | None) -> Rule:
     """The turns of the order that depend on the call's values (``device``: the call's own)."""
     if (rule.kind is Kind.META and Kind.FALLBACK in rule.kinds and not rule.composite
             and device is not None and device.type == "cpu"
-            and _only_empty_tensors(args, kwargs) and _meta_kernel_refuses(target, args, kwargs)):
+            and _only_empty_tensors(call) and _meta_kernel_refuses(call)):
         return rule.with_kind(Kind.FALLBACK)
-    if rule.kind is Kind.FALLBACK and symbolic.has_symbolic((*args, *kwargs.values())):
-        return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(target, args, kwargs))
-    if rule.kind is Kind.UNSUPPORTED and Kind.FALLBACK in rule.kinds and _all_values_known(args, kwargs):
-        return rule.with_kind(Kind.FALLBACK, target_name(target))
-    if rule.composite and rule.kind is Kind.PLAIN and _has_tensor(args, kwargs):
+    if rule.kind is Kind.FALLBACK and call.has_symbolic:
+        return rule.with_kind(Kind.UNSUPPORTED, symbolic.no_symbolic_rule(call.target, call.args, call.kwargs))
+    if rule.kind is Kind.UNSUPPORTED and Kind.FALLBACK in rule.kinds and _all_values_known(call):
+        return rule.with_kind(Kind.FALLBACK, target_name(call.target))
+    if rule.composite and rule.kind is Kind.PLAIN and call.tensors:
         return Rule(Kind.META, rule.name, kinds=rule.kinds, device_rule=rule.device_rule, composite=True)
     return rule
 
@@ -276,11 +283,7 @@ def reaches_dispatch(op: Any) -> bool:
             and any(has_kernel(op.name(), key) for key in _ANY_KERNEL))
 
 
-def _has_tensor(args: tuple, kwargs: dict) -> bool:
-    return bool(tensors_in(args, kwargs))
-
-
-def _all_values_known(args: tuple, kwargs: dict) -> bool:
+def _all_values_known(call: Call) -> bool:
     session = context.current_session()
-    tensors = tensors_in(args, kwargs)
+    tensors = call.tensors
     return session is not None and bool(tensors) and all(t in session.real_values or has_no_values(t) for t in tensors)

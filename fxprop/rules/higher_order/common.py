@@ -10,7 +10,8 @@ import torch
 from ...engine import session as context
 from ... import symbolic
 from ...devices import device_of, tag
-from ...devices.transfers import Placement, tensors_in
+from ...call import tensors_in
+from ...devices.transfers import Placement
 from ...torch_compat import check
 
 aten = torch.ops.aten

@@ -10,7 +10,7 @@ import torch
 from ...engine import session as context
 from ... import symbolic
 from ...devices import default_device, device_of, place, tag
-from ...devices.transfers import tensors_in
+from ...call import Call, tensors_in
 from ...errors import PropagationError, UnsupportedError
 from ...resolve.registry import python_rule, rule, target_name
 from ...torch_compat import (HigherOrderOperator, OpOverload, auto_functionalized_kernels, check,
@@ -67,7 +67,7 @@ def with_effects(token, op, *args, **kwargs):
     elif not isinstance(op, OpOverload):
         raise UnsupportedError(f"with_effects of {op!r}: only ops are supported")
     elif schema_of(op).returns:
-        placement = place(op, args, kwargs)
+        placement = place(Call(op, args, kwargs))
         if placement.has_host_value:
             out = placement.host_value
         else:
