@@ -36,6 +36,8 @@ META_KEY = "fxprop_dtensor"
 
 
 def is_dtensor(value: Any) -> bool:
+    if type(value) is torch.Tensor:
+        return False
     cls = dtensor_type()
     return cls is not None and isinstance(value, cls)
 

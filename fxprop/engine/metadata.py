@@ -60,14 +60,31 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
             if symbolic_formats is not None:
                 symbolic_formats[key] = memory_format
     else:
-        for candidate in _FORMATS:
-            try:
-                if meta.is_contiguous(memory_format=candidate):
-                    memory_format = candidate
-                    break
-            except RuntimeError:
-                continue
+        memory_format = _memory_format(shape, stride, meta)
     return TensorMetadata(shape, meta.dtype, meta.requires_grad, stride, memory_format, False, {})
+
+
+_formats_by_layout: dict[tuple, torch.memory_format | None] = {}  # a fact of sizes and strides alone
+_FORMATS_KEPT = 1 << 14
+_UNDECIDED = object()
+
+
+def _memory_format(shape: torch.Size, stride: tuple, meta: torch.Tensor) -> torch.memory_format | None:
+    key = (shape, stride)
+    found = _formats_by_layout.get(key, _UNDECIDED)
+    if found is not _UNDECIDED:
+        return found
+    found = None
+    for candidate in _FORMATS:
+        try:
+            if meta.is_contiguous(memory_format=candidate):
+                found = candidate
+                break
+        except RuntimeError:
+            continue
+    if len(_formats_by_layout) < _FORMATS_KEPT:
+        _formats_by_layout[key] = found
+    return found
 
 
 def map_structure(fn, value: Any) -> Any:

@@ -346,11 +346,18 @@ class Propagation:
             torch_compat.restore_autograd_modes(autograd_modes, failed)
             torch.set_grad_enabled(grad_enabled)
             torch.set_default_dtype(default_dtype)
+            self.release()
         if self.symbols.active:
             self.symbols.adopt(self.staged)
         self.commit()
         self.gm.meta["fxprop"].update(self.symbols.summary())
         return output
+
+    def release(self) -> None:
+        """Drop the session's callbacks into this propagation: the cycle they make would otherwise
+        leave everything the call held (its values, signatures and known values) to the cyclic
+        garbage collector rather than to reference counting."""
+        self.session.walk_subgraph = self.session.open_region = self.session.close_region = None
 
     def walk(self, gm: torch.fx.GraphModule, inputs: list, dirty: set | None = None) -> Any:
         return GraphWalk(self, gm, dirty, progress=self.options.progress).run(inputs)

@@ -219,24 +219,49 @@ def may_differentiate(gm: torch.fx.GraphModule) -> bool:
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
-        for node in module.graph.nodes:
-            if node.op == "call_method" and node.target == "backward":
-                return True
-            if node.op == "call_function" and _may_reach_autograd(node.target):
-                return True
-            if node.op == "call_module":
-                try:
-                    called = module.get_submodule(str(node.target))
-                except AttributeError:
-                    continue  # the walk reports the missing submodule at its node
-                if not all(type(part).__module__.split(".")[0] == "torch" for part in called.modules()):
+        graph = module.graph
+        if graph.find_nodes(op="call_method", target="backward", sort=False):
+            return True
+        if any(node.op == "call_function" and _may_reach_autograd(node.target) for node in graph.nodes):
+            return True
+        called = graph.find_nodes(op="call_module", sort=False)
+        if called:
+            submodules = dict(module.named_modules(remove_duplicate=False))
+            verdicts: dict[int, bool] = {}
+            for node in called:
+                found = submodules.get(str(node.target))  # a missing one: the walk reports it at its node
+                if found is not None and not _only_torch_modules(found, verdicts):
                     return True  # a user's module, or a torch container holding one
     return False
 
 
+def _only_torch_modules(module: torch.nn.Module, verdicts: dict[int, bool]) -> bool:
+    """Whether ``module`` and everything it holds are torch's own modules (``verdicts``: by id, so far)."""
+    verdict = verdicts.get(id(module))
+    if verdict is None:
+        verdict = (type(module).__module__.split(".")[0] == "torch"
+                   and all(_only_torch_modules(child, verdicts) for child in module.children()))
+        verdicts[id(module)] = verdict
+    return verdict
+
+
+_reaching_autograd: dict[Any, bool] = {}  # only for torch's own targets, which live as long as torch
+
+
 def _may_reach_autograd(target: Any) -> bool:
+    try:
+        return _reaching_autograd[target]
+    except (KeyError, TypeError):
+        pass
+    if not _is_torch_target(target):
+        return True
     module = getattr(target, "__module__", None) or ""
-    return module.startswith(_AUTOGRAD_PACKAGES) or not _is_torch_target(target)
+    reaches = module.startswith(_AUTOGRAD_PACKAGES)
+    try:
+        _reaching_autograd[target] = reaches
+    except TypeError:
+        pass
+    return reaches
 
 
 def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
@@ -426,6 +451,22 @@ def _comparable(described: Any) -> Any:
     return _expression(described)
 
 
+class _Key:
+    """A call's key with its hash computed once: the cache's dict asks for it, and a key is deep."""
+
+    __slots__ = ("parts", "hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self.hash = hash(parts)  # TypeError: something unhashable, so the call is not memoized
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Key) and self.hash == other.hash and self.parts == other.parts
+
+
 class CallMemo:
     """The cache slot of one call: its key, how a hit is rebuilt, and the cost a hit replays."""
 
@@ -445,8 +486,7 @@ class CallMemo:
         if not is_pure(op, call.target, call.args, call.kwargs) or functorch_depth() > 0:
             return None  # under vmap or grad transforms a tensor's meaning depends on the level: never reused
         try:
-            key = (op, target_key(), sign(call.args), sign(call.kwargs), context)
-            hash(key)
+            key = _Key((op, target_key(), sign(call.args), sign(call.kwargs), context))
         except (Uncacheable, TypeError):
             return None
         except RuntimeError:  # autograd refuses to read an argument (a view whose base was modified): the op will too
