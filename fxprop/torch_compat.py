@@ -544,6 +544,12 @@ def group_name_of(group: Any) -> str:
     return group.group_name
 
 
+def process_group_of(script_object: Any) -> Any:
+    """The ``ProcessGroup`` a graph holds as a TorchScript object (the argument of a ``c10d`` op)."""
+    from torch.distributed import ProcessGroup
+    return ProcessGroup.unbox(script_object)
+
+
 _redistribution_lock = threading.RLock()
 
 
