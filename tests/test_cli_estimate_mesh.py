@@ -122,7 +122,8 @@ def test_tensor_parallel_shards_the_linear_layers_over_the_tp_ranks(capsys):
     (["--mesh", "tp=4"], "num_key_value_heads=2 is not a multiple of 4"),
     (["--mesh", "dp=2,tp=2", "--rank", "4"], "--rank 4: the mesh has ranks 0 to 3"),
     (["--mesh", "tp=2x"], "--mesh: 'tp=2x' is not NAME=SIZE"),
-], ids=["dim_name", "heads", "kv_heads", "rank", "form"])
+    (["--rank", "1"], "--rank 1 needs --mesh"),
+], ids=["dim_name", "heads", "kv_heads", "rank", "form", "rank_alone"])
 def test_a_mesh_the_command_cannot_shard_is_a_usage_error(args, message, capsys):
     source, *overrides = TINY["llama"]
     if "tp=4" in args:

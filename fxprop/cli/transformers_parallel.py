@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..distributed.dtensors import is_dtensor
+from ..torch_compat import transformers_tp_plan
 from .loading import UsageError
 from .meshes import check_rank
 
@@ -57,10 +58,8 @@ def parallelize(model: Any, mesh: Any) -> Any:
 
 
 def _tensor_parallel(model: Any, tp_mesh: Any) -> None:
-    from transformers.distributed.configuration_utils import DistributedConfig
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
-    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_mesh.size()))
-    apply_tensor_parallelism(model, tp_mesh, plan)
+    apply_tensor_parallelism(model, tp_mesh, transformers_tp_plan(model, tp_mesh.size()))
 
 
 def parameter_groups(parameters: list[torch.nn.Parameter]) -> list[dict[str, Any]]:

@@ -208,6 +208,8 @@ def _check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{', '.join(given)} need(s) --train")
     if args.momentum is not None and (args.optimizer or "adamw") != "sgd":
         raise UsageError(f"--momentum is SGD's option, got --optimizer {args.optimizer or 'adamw'}")
+    if args.mesh is None and args.rank != 0:
+        raise UsageError(f"--rank {args.rank} needs --mesh")
     if args.momentum is not None and args.momentum < 0:
         raise UsageError(f"--momentum must be 0 or more (torch.optim.SGD refuses {args.momentum})")
 
