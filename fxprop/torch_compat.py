@@ -544,6 +544,21 @@ def group_name_of(group: Any) -> str:
     return group.group_name
 
 
+def transformers_tp_plan(model: Any, tp_size: int) -> dict[str, str]:
+    """A transformers model's tensor-parallel plan for ``tp_size`` ranks, one entry per module and
+    parameter, as ``from_pretrained(distributed_config=...)`` resolves it (transformers' private
+    ``_resolve_parallel_plans``: its torch-level neighbour here, as the one private name it reads)."""
+    from transformers.distributed.configuration_utils import DistributedConfig
+    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_size))
+    return plan
+
+
+def process_group_of(script_object: Any) -> Any:
+    """The ``ProcessGroup`` a graph holds as a TorchScript object (the argument of a ``c10d`` op)."""
+    from torch.distributed import ProcessGroup
+    return ProcessGroup.unbox(script_object)
+
+
 _redistribution_lock = threading.RLock()
 
 

@@ -155,7 +155,8 @@ def test_json_holds_every_figure_and_they_add_up(capsys):
     assert setup == {"source": "llama", "model_type": "llama", "class": "LlamaForCausalLM", "layers": 2,
                      "attention": "sdpa", "kind": "training", "batch": 1, "seq": 32, "dtype": "bfloat16",
                      "device": "cuda:0", "optimizer": "adamw", "optimizer_implementation": "foreach", "momentum": None,
-                     "activation_checkpointing": False, "graph_nodes": setup["graph_nodes"]}
+                     "activation_checkpointing": False, "mesh": None, "rank": None,
+                     "graph_nodes": setup["graph_nodes"]}
     params = found["parameters"]
     assert found["parameter_bytes"] == found["gradient_bytes"] == 2 * params
     assert found["optimizer_state_bytes"] == 2 * found["parameter_bytes"]  # exp_avg and exp_avg_sq in bfloat16

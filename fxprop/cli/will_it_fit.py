@@ -25,9 +25,12 @@ from ..estimate import estimate_with_memory, optimizers
 from ..estimate.step_figures import PeakAt, StepFigures, figures
 from ..estimate.traced_step import TracedStep, trace_inference_step, trace_training_step
 from ..torch_compat import import_dynamo
-from . import transformers_models
+from ..distributed.dtensors import tally
+from ..distributed.traced_collectives import collectives_in, mesh_groups
+from . import transformers_models, transformers_parallel
 from .loading import LoadError, UsageError
 from .memory_sizes import parse_memory_size
+from .meshes import parse_mesh
 from .progress import Progress
 
 SCHEMA_VERSION = 1
@@ -61,6 +64,13 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _mesh(text: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    try:
+        return parse_mesh(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _dtype(text: str) -> torch.dtype:
     if text.lower() not in DTYPES:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: expected one of {', '.join(DTYPES)}")
@@ -92,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="with --train: recompute each layer's activations in the backward (transformers' "
                              "activation_checkpointing_enable)")
+    parser.add_argument("--mesh", type=_mesh, metavar="NAME=SIZE,...",
+                        help="figures per rank of the model parallelized on a simulated mesh of dims dp and tp, e.g. "
+                             "dp=2,tp=4: tp by the model's own tensor-parallel plan, dp sharding parameters, gradients "
+                             "and optimizer state as FSDP; --batch is then per data-parallel rank")
+    parser.add_argument("--rank", type=int, default=0, help="with --mesh: the rank to estimate (default 0)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output on stdout (default: text)")
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="stage progress on stderr (auto: when stderr is a terminal)")
@@ -103,16 +118,17 @@ def run(args: argparse.Namespace) -> int:
     device = _device(args.device)
     progress = Progress(args.progress == "always" or args.progress == "auto" and sys.stderr.isatty())
     seconds: dict[str, float] = {}
-    with progress:
+    with progress, _simulated_mesh(args, device) as mesh:
         with _stage(progress, seconds, "build", f"building {args.model} on the meta device"):
-            built = _build(args, overrides, device)
+            built = _build(args, overrides, device, mesh)
         with _stage(progress, seconds, "trace", "tracing one step"):
             step = _trace(built, args.batch, device)
         import_dynamo()  # keep FakeTensorMode's lazy import out of the timing
         with _stage(progress, seconds, "estimate", f"propagating and estimating {len(step.gm.graph.nodes):,} nodes"):
             est, memory = estimate_with_memory(step.gm, *step.inputs, param_device=device,
                                                progress=progress.advance if progress.enabled else None)
-            found = figures(step, est, memory, tokens=args.batch * built.seq)
+            comm = None if mesh is None else tally(collectives_in(step.gm, mesh_groups(mesh)))
+            found = figures(step, est, memory, tokens=args.batch * built.seq, comm=comm)
     setup = _setup(args, built, device, step)
     if args.format == "json":
         print(json.dumps(document(setup, found, args.gpu_memory, seconds), indent=2))
@@ -132,6 +148,19 @@ class Built:
 
 
 @contextlib.contextmanager
+def _simulated_mesh(args: argparse.Namespace, device: torch.device):
+    """The simulated mesh of ``--mesh`` (None without), as this process's rank ``--rank``."""
+    if args.mesh is None:
+        yield None
+        return
+    from ..distributed.meshes import mesh_simulation
+    shape, names = args.mesh
+    transformers_parallel.check_mesh(shape, names, args.rank)
+    with mesh_simulation(shape, names, device_type=device.type, rank=args.rank) as mesh:
+        yield mesh
+
+
+@contextlib.contextmanager
 def _stage(progress: Progress, seconds: dict[str, float], name: str, text: str):
     progress.stage(text)
     started = time.perf_counter()
@@ -139,16 +168,18 @@ def _stage(progress: Progress, seconds: dict[str, float], name: str, text: str):
     seconds[name] = time.perf_counter() - started
 
 
-def _build(args: argparse.Namespace, overrides: dict[str, Any], device: torch.device) -> Built:
+def _build(args: argparse.Namespace, overrides: dict[str, Any], device: torch.device, mesh: Any) -> Built:
     config = transformers_models.load_config(args.model, overrides)
     dtype = args.dtype or _config_dtype(config)
     seq = args.seq or getattr(config, "max_position_embeddings", None)
     if not seq:
         raise UsageError(f"{config.model_type} configs have no max_position_embeddings: give --seq")
     model = transformers_models.causal_lm_on_meta(config, dtype, args.train, args.activation_checkpointing)
+    if mesh is not None:
+        transformers_parallel.parallelize(model, mesh)
     optimizer = None
     if args.train:
-        trained = [p for p in model.parameters() if p.requires_grad]
+        trained = transformers_parallel.parameter_groups([p for p in model.parameters() if p.requires_grad])
         optimizer = optimizers.build(args.optimizer or "adamw", trained, device, args.momentum or 0.0)
         optimizers.create_state(optimizer)
     return Built(config, model, optimizer, dtype, seq)
@@ -177,6 +208,8 @@ def _check_options(args: argparse.Namespace) -> None:
             raise UsageError(f"{', '.join(given)} need(s) --train")
     if args.momentum is not None and (args.optimizer or "adamw") != "sgd":
         raise UsageError(f"--momentum is SGD's option, got --optimizer {args.optimizer or 'adamw'}")
+    if args.mesh is None and args.rank != 0:
+        raise UsageError(f"--rank {args.rank} needs --mesh")
     if args.momentum is not None and args.momentum < 0:
         raise UsageError(f"--momentum must be 0 or more (torch.optim.SGD refuses {args.momentum})")
 
@@ -209,7 +242,9 @@ def _setup(args: argparse.Namespace, built: Built, device: torch.device, step: T
             "optimizer_implementation": None if optimizer is None else
             "foreach" if optimizer.defaults.get("foreach") else "for-loop",
             "momentum": args.momentum if optimizer is not None and args.optimizer == "sgd" else None,
-            "activation_checkpointing": args.activation_checkpointing, "graph_nodes": len(step.gm.graph.nodes)}
+            "activation_checkpointing": args.activation_checkpointing,
+            "mesh": None if args.mesh is None else dict(zip(args.mesh[1], args.mesh[0])),
+            "rank": None if args.mesh is None else args.rank, "graph_nodes": len(step.gm.graph.nodes)}
 
 
 def document(setup: dict[str, Any], found: StepFigures, gpu_memory: int | None,
@@ -244,9 +279,12 @@ def text(setup: dict[str, Any], found: StepFigures, gpu_memory: int | None, seco
     parameters = f"{found.parameters / 1e9:,.2f} B" if found.parameters >= 1e8 else f"{found.parameters:,}"
     how = (f"training step: {setup['optimizer']} ({setup['optimizer_implementation']}), activation checkpointing "
            f"{'on' if setup['activation_checkpointing'] else 'off'}" if training else "forward pass without gradients")
+    mesh = setup.get("mesh")
+    where = (f"per rank: rank {setup['rank']} of a simulated {' x '.join(f'{n}={s}' for n, s in mesh.items())} "
+             f"{setup['device'].split(':')[0]} mesh" if mesh else f"on {setup['device']}")
     lines = [f"{setup['class']} ({setup['model_type']}, {setup['layers']} layers, {setup['attention']} attention), "
-             f"{parameters} parameters in {setup['dtype']} on {setup['device']}",
-             f"{how}, batch {setup['batch']} x {setup['seq']:,} tokens", "",
+             f"{parameters} parameters in {setup['dtype']} {where}",
+             f"{how}, batch {setup['batch']} x {setup['seq']:,} tokens{' per data-parallel rank' if mesh else ''}", "",
              _row("parameters", bytes_text(found.parameter_bytes))]
     if training:
         elsewhere = "".join(f" + {bytes_text(size)} on {where}" for where, size in found.optimizer_state_elsewhere.items())
@@ -266,6 +304,9 @@ def text(setup: dict[str, Any], found: StepFigures, gpu_memory: int | None, seco
               _row("total peak", f"{bytes_text(found.peak.bytes)} {_where(found.peak)}"),
               _row("", "= " + " + ".join(at_peak)),
               _row("FLOPs", f"{_flops_text(found.flops)} per step, {_flops_text(found.flops_per_token)} per token")]
+    lines += [_row("collectives" if index == 0 else "", f"{kind}: {entry['count']} calls, sends "
+                   f"{bytes_text(entry['send_bytes'])}, receives {bytes_text(entry['receive_bytes'])}")
+              for index, (kind, entry) in enumerate(sorted(found.comm.items()))]
     if found.flops_unknown:
         lines.append(_row("FLOPs not counted", ", ".join(f"%{name} ({why})" for name, why in found.flops_unknown.items())))
     if found.stood_in:

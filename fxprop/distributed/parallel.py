@@ -21,7 +21,7 @@ from torch import nn
 
 from .dtensors import is_dtensor
 from ..errors import InputError
-from ..torch_compat import (dtensor_spec, dtensor_spec_of, has_forward_hooks, local_tensor_of, make_dtensor, own_state,
+from ..torch_compat import (dtensor_spec_of, has_forward_hooks, local_tensor_of, own_state,
                            strided_shard)
 
 
@@ -102,6 +102,7 @@ def shard_parameters(model: nn.Module, mesh: Any, dim: str) -> nn.Module:
         own = list(module.named_parameters(recurse=False))
         if not own:
             continue
+        module._fxprop_plain = {name for name, parameter in own if not is_dtensor(parameter)}
         for name, parameter in own:
             placements = _on_mesh(parameter, mesh, position, Shard(0))
             if is_dtensor(parameter):
@@ -156,23 +157,24 @@ def _gather(position: int, replicate: Any, rest: Any):
             placements[position] = replicate
             gathered = parameter.redistribute(mesh, placements)
             saved[name] = parameter
-            parameters[name] = _drop_dim(gathered, rest, position)
+            parameters[name] = _drop_dim(gathered, None if name in module._fxprop_plain else rest, position)
         module._fxprop_sharded = saved
     return gather
 
 
 def _drop_dim(gathered: Any, rest: Any, position: int) -> Any:
     """A DTensor replicated on mesh dim ``position``, as the DTensor on the other dims, ``rest``
-    (FSDP2's unsharded parameter lives on the tensor-parallel mesh alone)."""
-    placements = tuple(p for i, p in enumerate(gathered.placements) if i != position)
-    spec = dtensor_spec_of(gathered)
-    local = local_tensor_of(gathered)
+    (FSDP2's unsharded parameter lives on the tensor-parallel mesh alone), or as its local tensor
+    where ``rest`` is None. Differentiable: each data-parallel rank's gradient is its own part of
+    the sum (``Partial``), which the gather's backward reduce-scatters onto the shards, as FSDP's does."""
+    from torch.distributed.tensor import DTensor, Partial
+    grad_placements = [Partial() if i == position else p for i, p in enumerate(gathered.placements)]
+    local = gathered.to_local(grad_placements=grad_placements)
     if rest is None:
         return local
-    sub = rest
-    return make_dtensor(local, dtensor_spec(sub, placements, tuple(spec.tensor_meta.shape),
-                                            tuple(spec.tensor_meta.stride), spec.tensor_meta.dtype),
-                        requires_grad=gathered.requires_grad)
+    placements = tuple(p for i, p in enumerate(gathered.placements) if i != position)
+    return DTensor.from_local(local, rest, placements, run_check=False, shape=gathered.shape,
+                              stride=gathered.stride())
 
 
 def _release(module: nn.Module, args: tuple, output: Any) -> None:

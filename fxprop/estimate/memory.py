@@ -31,7 +31,8 @@ import torch
 import torch.fx
 
 from ..distributed.dtensors import META_KEY, local_of
-from ..torch_compat import FakeTensor, OpOverload, functorch_unwrapped, schema_of, storage_key
+from ..torch_compat import (FakeTensor, OpOverload, distributed_available, functorch_unwrapped, schema_of,
+                           storage_key)
 
 
 @dataclass
@@ -134,15 +135,18 @@ def _gathered_parameter_bytes(node: torch.fx.Node) -> int:
 
 
 _DETACH_METHODS = frozenset({"detach", "detach_"})
-_UNDECLARED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default})  # views that their schema does not mark
+# Ops that return their first argument's storage, which their schema does not mark: a view, and a
+# functional collective's wait, which returns the tensor it waited for.
+_UNDECLARED_VIEWS = frozenset({torch.ops.aten._unsafe_view.default,
+                               *([torch.ops._c10d_functional.wait_tensor.default] if distributed_available() else [])})
 
 
 def _declared_aliases(node: torch.fx.Node) -> Callable[[int], torch.fx.Node | None]:
     """For the i-th output tensor of ``node``, the input node it aliases by the op's schema (``Tensor(a)``).
 
     Annotations already share storages for views; this also covers aliases that are not views
-    (``detach``, ``alias``) and views that the schema does not mark (``_unsafe_view``), whose
-    annotations may come back as storages of their own.
+    (``detach``, ``alias``) and those that the schema does not mark (``_unsafe_view``,
+    ``wait_tensor``), whose annotations may come back as storages of their own.
     """
     target = node.target
     if (node.op == "call_method" and target in _DETACH_METHODS or target in (torch.detach, torch.Tensor.detach)

@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..distributed.dtensors import local_of
 from ..errors import InputError
 from ..torch_compat import foreach_kernel_devices
 from .host_reads import HostReads
@@ -67,8 +68,9 @@ def create_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Every tensor of the optimizer's state, in parameter order."""
-    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    """Every tensor of the optimizer's state, in parameter order; a DTensor's as its local tensor."""
+    return [local_of(value) for state in optimizer.state.values() for value in state.values()
+            if isinstance(value, torch.Tensor)]
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, device: torch.device) -> dict[str, int]:

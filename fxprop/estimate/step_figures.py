@@ -14,8 +14,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
 
 from .memory import MemoryTrace
 from .result import Estimate
@@ -52,6 +52,7 @@ class StepFigures:
     tokens: int
     flops_unknown: dict[str, str]
     stood_in: int
+    comm: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def flops_per_token(self) -> float:
@@ -61,8 +62,10 @@ class StepFigures:
         return {**asdict(self), "flops_per_token": self.flops_per_token}
 
 
-def figures(step: TracedStep, est: Estimate, memory: MemoryTrace, tokens: int) -> StepFigures:
-    """The figures of ``step`` on its device, from its estimate and the walk it was read from."""
+def figures(step: TracedStep, est: Estimate, memory: MemoryTrace, tokens: int,
+            comm: Mapping[str, Mapping[str, int]] | None = None) -> StepFigures:
+    """The figures of ``step`` on its device, from its estimate and the walk it was read from; ``comm``,
+    the collectives of a rank's step by kind (`fxprop.distributed.dtensors.tally`)."""
     device = str(step.device)
     gradient_made_by: dict[str, int] = {}
     for key in dict.fromkeys(key for node in step.gm.graph.nodes if node.name in step.gradients
@@ -88,7 +91,7 @@ def figures(step: TracedStep, est: Estimate, memory: MemoryTrace, tokens: int) -
         peak=max(at_nodes, key=lambda at: at.bytes),  # max keeps the first of equals, as Estimate does
         activation_peak=max(at_nodes, key=lambda at: at.activation_bytes), phase_peaks=_phase_peaks(at_nodes),
         flops=est.flops, tokens=tokens, flops_unknown=dict(est.flops_unknown),
-        stood_in=step.stood_in)
+        stood_in=step.stood_in, comm={kind: dict(entry) for kind, entry in (comm or est.comm).items()})
 
 
 def _phase_peaks(at_nodes: list[PeakAt]) -> dict[str, PeakAt]:

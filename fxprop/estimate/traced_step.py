@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+from ..distributed.dtensors import local_of
 from ..engine.propagation import garbage_collection_paused
 from ..rules.attention import attention_on
 from ..engine.inputs import TensorSpec
@@ -97,34 +98,34 @@ def trace_training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     (`fxprop.estimate.optimizers.create_state`): a step that creates it is not a steady one. Values
     the optimizer reads that depend on the data stand in as 1 (`HostReads`), counted in the
     step's ``stood_in``."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    trained = set(map(id, params))
-    others = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in trained]
-    state = state_tensors(optimizer)
-
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    others = [t for t in (*model.parameters(), *model.buffers()) if id(t) not in set(map(id, trained))]
+    batch = dict(inputs)
     optimizer_reads = HostReads(stand_in=True)
 
-    def step(params, others, state, inputs):
+    def step(params, others, state, inputs):  # the local tensors of trained, others, the state, the batch
         with HostReads():
-            loss = loss_of(model(**inputs))
-            grads = gradients(loss, params)
-        for param, grad in zip(params, grads):
+            loss = loss_of(model(**batch))
+            grads = gradients(loss, trained)
+        for param, grad in zip(trained, grads):
             param.grad = grad
         with optimizer_reads:
             optimizer.step()
-        for param in params:
+        for param in trained:
             param.grad = None
-        return loss.detach(), grads
+        return local_of(loss.detach()), [local_of(grad) for grad in grads]
 
+    traced = _locals((trained, others, state_tensors(optimizer), batch))
     with _tracing(device):
-        gm = make_fx(step)(params, others, state, dict(inputs))
+        gm = make_fx(step)(*traced)
     retarget(gm, device)
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     gradient_names = tuple(node.name for node in output.args[0][1:])
-    sizes = Sizes(sum(p.numel() for p in params), _bytes(params), _bytes(others),
-                  state_bytes(optimizer, device), _bytes(pytree.tree_leaves(dict(inputs))))
-    return TracedStep(gm, _inputs_on((params, others, state, dict(inputs)), device), device, gradient_names,
-                      _phases(gm, gradient_names), sizes, optimizer_reads.stood_in)
+    params, others = traced[0], traced[1]
+    sizes = Sizes(sum(p.numel() for p in params), _bytes(params), _bytes(others), state_bytes(optimizer, device),
+                  _bytes(pytree.tree_leaves(batch)))
+    return TracedStep(gm, _inputs_on(traced, device), device, gradient_names, _phases(gm, gradient_names), sizes,
+                      optimizer_reads.stood_in)
 
 
 def held_tensors(value: Any) -> list[torch.Tensor]:
@@ -154,19 +155,21 @@ def trace_inference_step(model: torch.nn.Module, inputs: Mapping[str, Any], devi
     """One forward pass without gradients, returning ``outputs_of(model(**inputs))``: by default every
     tensor the output holds, as a caller that keeps the output keeps them (logits, a KV cache)."""
     state = [*model.parameters(), *model.buffers()]
+    batch = dict(inputs)
 
-    def forward(state, inputs):
+    def forward(state, inputs):  # the local tensors of the model's state and of the batch
         with torch.no_grad(), HostReads():
-            return outputs_of(model(**inputs))
+            return pytree.tree_map_only(torch.Tensor, local_of, outputs_of(model(**batch)))
 
+    traced = _locals((state, batch))
     with _tracing(device):
-        gm = make_fx(forward)(state, dict(inputs))
+        gm = make_fx(forward)(*traced)
     retarget(gm, device)
     phases = {node.name: FORWARD for node in gm.graph.nodes}
-    params = list(model.parameters())
-    sizes = Sizes(sum(p.numel() for p in params), _bytes(params), _bytes(list(model.buffers())), {},
-                  _bytes(pytree.tree_leaves(dict(inputs))))
-    return TracedStep(gm, _inputs_on((state, dict(inputs)), device), device, (), phases, sizes)
+    params = [local_of(p) for p in model.parameters()]
+    sizes = Sizes(sum(p.numel() for p in params), _bytes(params), _bytes([local_of(b) for b in model.buffers()]),
+                  {}, _bytes(pytree.tree_leaves(batch)))
+    return TracedStep(gm, _inputs_on(traced, device), device, (), phases, sizes)
 
 
 @contextlib.contextmanager
@@ -199,6 +202,15 @@ def retarget(gm: torch.fx.GraphModule, device: torch.device) -> None:
             moved = True
     if moved:
         gm.recompile()
+
+
+def _locals(traced: tuple) -> tuple:
+    """The traced arguments with each DTensor as its local tensor. make_fx then records the rank's
+    work: a DTensor argument would be a placeholder of the global shape, whose ops DTensor runs on
+    its local tensor, an untracked tensor that make_fx would take for a constant of the graph. Given
+    the local tensors themselves, the ops DTensor runs on them, and its collectives, are recorded
+    on the placeholders."""
+    return tuple(pytree.tree_map_only(torch.Tensor, local_of, traced))
 
 
 def _bytes(values: list) -> int:
