@@ -22,6 +22,13 @@ def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return found
 
 
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors a value holds: itself, or those in its nested lists, tuples and dicts, in order."""
+    found: list[torch.Tensor] = []
+    _collect(value, found)
+    return found
+
+
 def _collect(value: Any, found: list[torch.Tensor]) -> None:
     if isinstance(value, torch.Tensor):
         found.append(value)

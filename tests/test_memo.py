@@ -73,7 +73,7 @@ def test_a_symbolic_program_adds_the_same_guards_with_and_without_the_memo():
 
 def test_setattr_is_never_memoized():
     """A call the memo would skip must change nothing: setattr changes the object it is given."""
-    from fxprop.memo.cache import is_pure
+    from fxprop.memo.purity import is_pure
     assert not is_pure("call_function", setattr, (), {})
     assert not is_pure("call_function", delattr, (), {})
 
@@ -137,7 +137,7 @@ def test_a_default_dtype_the_graph_sets_keys_later_calls_and_is_undone_after(sha
 
 
 def test_setters_of_process_wide_state_are_never_memoized():
-    from fxprop.memo.cache import is_pure
+    from fxprop.memo.purity import is_pure
     for setter in (torch.set_default_dtype, torch.set_grad_enabled, torch.use_deterministic_algorithms):
         assert not is_pure("call_function", setter, (), {}), setter
 

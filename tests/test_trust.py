@@ -398,7 +398,7 @@ def test_a_torch_container_holding_a_module_that_differentiates_gets_no_memoized
 def test_an_exported_module_is_not_opaque_code_to_the_cache():
     """torch.export's .module() calls its own _guards_fn module: torch's code, which never walks
     the autograd graph, so memoized results stay usable there."""
-    from fxprop.memo.cache import may_differentiate
+    from fxprop.memo.purity import may_differentiate
     gm = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)).module()
     assert any(node.op == "call_module" for node in gm.graph.nodes)
     assert not may_differentiate(gm)

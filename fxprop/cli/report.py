@@ -20,10 +20,10 @@ from typing import Any, Iterable
 
 import torch
 
+from ..call import tensors_of
 from ..engine.source import source_location
 from ..symbolic import user_shape
 import torch.fx
-from ..torch_compat import pytree
 
 NODE_HEADER = ("node", "op", "rule kind", "shape", "dtype", "device")
 SOURCE_HEADER = (*NODE_HEADER, "source")
@@ -108,10 +108,6 @@ def _dim(d: Any) -> int | str:
 def tensor_record(tensor: torch.Tensor) -> dict[str, Any]:
     return {"shape": [_dim(d) for d in tensor.shape], "dtype": str(tensor.dtype).removeprefix("torch."),
             "device": str(tensor.device), "stride": [_dim(s) for s in tensor.stride()]}
-
-
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
 def devices_of(node: torch.fx.Node) -> list[str]:

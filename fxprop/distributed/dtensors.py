@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..call import tensors_in
 from ..devices import device_of, normalize_device, tag
 from ..errors import UnsupportedError
 from ..aten.flop_formulas import FORMULAS
@@ -261,8 +262,7 @@ class ShardingRecorder:
         self.node = NodeSharding()
         self.parameters = {id(local_tensor_of(value)) for value in state if is_dtensor(value)}
         self.open = []
-        flat = []
-        _flatten((args, kwargs), flat)
+        flat = tensors_in(args, kwargs)
         self.arguments = [local_tensor_of(value) for value in flat if is_dtensor(value)]
         for value in flat:
             if is_dtensor(value):
@@ -330,7 +330,7 @@ class ShardingRecorder:
 
     def finish(self, value: Any) -> NodeSharding:
         node, self.node = self.node, None
-        node.outputs = tuple(_sharding(tensor) if is_dtensor(tensor) else None for tensor in _tensors(value))
+        node.outputs = tuple(_sharding(tensor) if is_dtensor(tensor) else None for tensor in tensors_in((value,), {}))
         return node
 
 
@@ -348,35 +348,9 @@ def _group_size(name: str, args: tuple, kwargs: dict, group_name: str, known: di
     return group_size_of(group_name)
 
 
-def _flatten(value: Any, into: list) -> None:
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            _flatten(item, into)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _flatten(item, into)
-    else:
-        into.append(value)
-
-
-def _tensors(value: Any) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    found: list = []
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found += _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            found += _tensors(item)
-    return found
-
-
 def refuse_unsharded(error: Exception, func: Any, args: tuple, kwargs: dict) -> UnsupportedError:
     """DTensor has no sharding strategy for the op: fxprop cannot answer either."""
-    flat: list = []
-    _flatten((args, kwargs), flat)
-    placements = [tuple(dtensor_spec_of(value).placements) for value in flat if is_dtensor(value)]
+    placements = [tuple(dtensor_spec_of(value).placements) for value in tensors_in(args, kwargs) if is_dtensor(value)]
     named = re.search(r"Operator (\S+) does not have a sharding strategy", str(error))
     op = named.group(1) if named else getattr(func, "__name__", func)
     return UnsupportedError(f"{op}: DTensor has no sharding strategy registered for it (its DTensor "

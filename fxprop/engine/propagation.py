@@ -29,7 +29,8 @@ import torch.fx
 from .. import ambient, symbolic, torch_compat
 from ..call import Call
 from ..memo.backend_flags import environment
-from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, is_pure, may_differentiate, rule_cache,
+from ..memo.purity import is_pure, may_differentiate
+from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, rule_cache,
                           symbolic_signature, verify_by_default)
 from .metadata import FakeTensorFactory, map_structure
 from .session import Session

@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, Iterable
 import torch
 import torch.fx
 
+from ..call import tensors_of
 from ..distributed.dtensors import META_KEY, local_of
 from ..torch_compat import (FakeTensor, OpOverload, distributed_available, functorch_unwrapped, schema_of,
                            storage_key)
@@ -63,15 +64,9 @@ class MemoryTrace:
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:
-    """The tensors of a node's value: a tensor, or tuples, lists and dicts of them. A value inside a
-    functorch transform (a vmap level's batched tensor) is counted as the tensor it wraps."""
-    if isinstance(value, torch.Tensor):
-        return [functorch_unwrapped(local_of(value))]  # a DTensor: its local shard, the rank's memory
-    if isinstance(value, (tuple, list)):
-        return [tensor for item in value for tensor in tensors_in(item)]
-    if isinstance(value, dict):
-        return [tensor for item in value.values() for tensor in tensors_in(item)]
-    return []
+    """The tensors of a node's value, as the rank holds them: a DTensor is its local shard, and a
+    value inside a functorch transform (a vmap level's batched tensor) the tensor it wraps."""
+    return [functorch_unwrapped(local_of(tensor)) for tensor in tensors_of(value)]
 
 
 def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_device: str | None = None,

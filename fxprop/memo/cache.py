@@ -7,7 +7,7 @@ read (`fxprop.memo.backend_flags`: grad mode, default dtype, the oneDNN, cuDNN a
 flags), the default device and the rule registry's generation. Calls that mutate (in-place ops, ``out=``,
 ``inplace=True``), calls with side effects, calls on inputs whose values are known (a rule
 may read them) and calls by targets the user defined (a cache entry would keep them alive)
-are never memoized. Calls with symbolic sizes are memoized within their own propagation only,
+are never memoized (`fxprop.memo.purity`). Calls with symbolic sizes are memoized within their own propagation only,
 keyed by their sizes' expressions (`symbolic_signature`), and never when they create symbols.
 
 A hit replays what the call cost: fallback bytes count against the call's cap again. With
@@ -16,7 +16,6 @@ A hit replays what the call cost: fallback bytes count against the call's cap ag
 from __future__ import annotations
 
 import dataclasses
-import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -26,9 +25,9 @@ import torch
 
 from ..devices import device_of, tag
 from ..call import Call
+from .purity import is_pure
 from ..errors import FallbackLimitError
-from ..torch_compat import (DelayedError, OpOverload, OpOverloadPacket, allocations_measurable,
-                            autograd_restricts_in_place, functorch_depth, is_view, schema_of, set_grad_enabled_op,
+from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, functorch_depth, is_view,
                             storage_key, view_base)
 
 VERIFY_ENVIRONMENT_VARIABLE = "FXPROP_CACHE_VERIFY"
@@ -195,116 +194,6 @@ rule_cache = RuleCache()
 
 def verify_by_default() -> bool:
     return os.environ.get(VERIFY_ENVIRONMENT_VARIABLE, "") not in ("", "0")
-
-
-# --- what may be memoized -------------------------------------------------------------------
-
-_IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
-                                  "ipow", "irshift", "isub", "itruediv", "ixor"})
-_TORCH_MODULES = ("torch", "_operator", "operator", "math", "builtins")
-_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
-                           getattr(torch, "_assert_async", print)})
-_IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
-                             "data_ptr", "untyped_storage", "storage"})
-_SETTERS = ("set_", "_set_", "use_")
-_purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
-_AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
-_STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
-
-
-def may_differentiate(gm: torch.fx.GraphModule) -> bool:
-    """Whether running ``gm`` may walk the autograd graph of its values (``backward``,
-    ``autograd.grad``, or code fxprop cannot see into). A memoized result is a fresh tensor
-    with no autograd history, so such graphs must not be given one that requires grad."""
-    for module in gm.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            continue
-        graph = module.graph
-        if graph.find_nodes(op="call_method", target="backward", sort=False):
-            return True
-        if any(node.op == "call_function" and _may_reach_autograd(node.target) for node in graph.nodes):
-            return True
-        called = graph.find_nodes(op="call_module", sort=False)
-        if called:
-            submodules = dict(module.named_modules(remove_duplicate=False))
-            verdicts: dict[int, bool] = {}
-            for node in called:
-                found = submodules.get(str(node.target))  # a missing one: the walk reports it at its node
-                if found is not None and not _only_torch_modules(found, verdicts):
-                    return True  # a user's module, or a torch container holding one
-    return False
-
-
-def _only_torch_modules(module: torch.nn.Module, verdicts: dict[int, bool]) -> bool:
-    """Whether ``module`` and everything it holds are torch's own modules (``verdicts``: by id, so far)."""
-    verdict = verdicts.get(id(module))
-    if verdict is None:
-        verdict = (type(module).__module__.split(".")[0] == "torch"
-                   and all(_only_torch_modules(child, verdicts) for child in module.children()))
-        verdicts[id(module)] = verdict
-    return verdict
-
-
-_reaching_autograd: dict[Any, bool] = {}  # only for torch's own targets, which live as long as torch
-
-
-def _may_reach_autograd(target: Any) -> bool:
-    try:
-        return _reaching_autograd[target]
-    except (KeyError, TypeError):
-        pass
-    if not _is_torch_target(target):
-        return True
-    module = getattr(target, "__module__", None) or ""
-    reaches = module.startswith(_AUTOGRAD_PACKAGES)
-    try:
-        _reaching_autograd[target] = reaches
-    except TypeError:
-        pass
-    return reaches
-
-
-def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether the result depends only on the arguments and changes nothing (and the target is
-    torch's own, so an entry keeps no user object alive)."""
-    if kwargs.get("out") is not None or kwargs.get("inplace") is True:
-        return False
-    if op == "call_module":
-        return type(target).__module__.startswith("torch.nn.") and not getattr(target, "inplace", False)
-    key = (op, target)
-    try:
-        return _purity[key]
-    except KeyError:
-        pure = _judge_purity(op, target)
-        if pure or _is_torch_target(target):
-            _purity[key] = pure
-        return pure
-    except TypeError:
-        return False
-
-
-def _is_torch_target(target: Any) -> bool:
-    return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
-        (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
-
-
-def _judge_purity(op: str, target: Any) -> bool:
-    if op == "call_method":
-        return isinstance(target, str) and not target.endswith("_") and target not in _IMPURE_METHODS
-    if isinstance(target, OpOverload):
-        return not schema_of(target).is_mutable and torch.Tag.nondeterministic_bitwise not in target.tags
-    if isinstance(target, OpOverloadPacket):
-        return not any(schema_of(getattr(target, o)).is_mutable for o in target.overloads())
-    if target in _IMPURE_CALLS:
-        return False
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__name__", "") or ""
-    if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
-        return False
-    if name.startswith(_SETTERS):
-        return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
-    return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
-            and not module.startswith(_STATEFUL_PACKAGES))
 
 
 # --- recipes: results stored without holding any tensor -----------------------------------------
