@@ -135,3 +135,74 @@ def test_a_mesh_the_command_cannot_shard_is_a_usage_error(args, message, capsys)
 def test_a_model_without_a_tensor_parallel_plan_is_refused(capsys):
     error = usage_error(capsys, *TINY["gpt2"], "--seq", "8", "--mesh", "tp=2")
     assert "GPT2LMHeadModel (gpt2) has no tensor-parallel plan in transformers" in error
+
+
+# --- tied weights, uneven shards, optimizers DTensor refuses ------------------------------
+
+TIED = [*TINY["llama"], "tie_word_embeddings=True"]
+
+
+def tied_model():
+    from fxprop.cli.transformers_models import load_config, parse_override
+    source, *overrides = TIED
+    torch.manual_seed(0)
+    config = load_config(source, dict(map(parse_override, overrides)))
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+
+
+@pytest.mark.parametrize("shape, names, rank", [((2,), ("tp",), 1), ((2,), ("dp",), 1), ((2, 2), ("dp", "tp"), 3)],
+                         ids=["tp2_rank1", "dp2_rank1", "dp2_tp2_rank3"])
+def test_tied_embeddings_stay_tied_and_match_the_rank_run_for_real(shape, names, rank, capsys):
+    """The plan names the tied LM head's weight, which named_parameters lists once: applied as
+    from_pretrained applies it (untied, planned, tied again), and FSDP's shard shared by both modules."""
+    mesh_arg = ",".join(f"{name}={size}" for name, size in zip(names, shape))
+    found = estimate_json(capsys, *TIED, "--device", "cpu", "--batch", str(BATCH), "--seq", str(SEQ), "--train",
+                          "--mesh", mesh_arg, "--rank", str(rank))
+    with fxprop.mesh_simulation(shape, names, device_type="cpu", rank=rank) as mesh:
+        def build():
+            model = transformers_parallel.parallelize(tied_model(), mesh)
+            assert model.lm_head.weight is model.model.embed_tokens.weight
+            return model, optimizers.build("adamw", transformers_parallel.parameter_groups(list(model.parameters())),
+                                           CPU)
+        model, optimizer = build()
+        optimizers.create_state(optimizer)
+        step = trace_training_step(model, optimizer, real_batch(), CPU)
+        est = fxprop.estimate(step.gm, *step.inputs)
+        assert_matches(est, measure(step.gm, *step.inputs))
+        constants = est.state_bytes.get("cpu", 0)  # as in the training step above
+        assert (found["peak"]["bytes"], found["flops"]) == (est.peak_bytes["cpu"] - constants, est.flops)
+        model, optimizer = build()
+        model(**real_batch()).loss.backward()
+        gradients = local_bytes(p.grad for p in model.parameters())
+        optimizer.step()
+        state = local_bytes(value for entry in optimizer.state.values() for value in entry.values())
+        assert found["parameter_bytes"] == local_bytes(model.parameters())
+        assert found["gradient_bytes"] == gradients
+        assert found["optimizer_state_bytes"] + sum(found["optimizer_state_elsewhere"].values()) == state
+
+
+def test_an_uneven_last_shard_counts_its_padded_storage_as_the_rank_holds_it():
+    """distribute_tensor cuts 256 rows over 3 ranks as 86, 86, 84, the last a view of a padded
+    storage of 86 rows: the inputs of the rank's step hold what their storages hold."""
+    with fxprop.mesh_simulation((3,), ("dp",), device_type="cpu", rank=2) as mesh:
+        model = transformers_parallel.parallelize(real_model("llama"), mesh)
+        optimizer = optimizers.build("adamw", transformers_parallel.parameter_groups(list(model.parameters())), CPU)
+        optimizers.create_state(optimizer)
+        step = trace_training_step(model, optimizer, real_batch(), CPU)
+        assert any(local_of(p).untyped_storage().nbytes() > local_of(p).nbytes for p in model.parameters())
+        assert_matches(fxprop.estimate(step.gm, *step.inputs), measure(step.gm, *step.inputs))
+
+
+@pytest.mark.parametrize("mesh_arg", ["dp=2", "tp=2"])
+def test_adafactor_on_dtensor_parameters_is_refused_as_torch_refuses_its_step(mesh_arg, capsys):
+    shape, names = (2,), (mesh_arg.split("=")[0],)
+    with fxprop.mesh_simulation(shape, names, device_type="cpu") as mesh:
+        model = transformers_parallel.parallelize(real_model("llama"), mesh)
+        optimizer = optimizers.build("adafactor", transformers_parallel.parameter_groups(list(model.parameters())),
+                                     CPU)
+        model(**real_batch()).loss.backward()
+        with pytest.raises(RuntimeError, match="pow_"):
+            optimizer.step()
+    error = usage_error(capsys, *TINY["llama"], "--seq", "8", "--train", "--optimizer", "adafactor",
+                        "--mesh", mesh_arg)
+    assert "torch.optim.Adafactor cannot step DTensor parameters" in error and "Traceback" not in error

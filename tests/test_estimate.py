@@ -513,3 +513,9 @@ def test_matches_real_execution_on_corpus_models(name):
         est = fxprop.estimate(gm, *args)
     assert not est.flops_unknown
     assert_matches(est, measure(gm, *args))
+
+
+def test_an_input_that_views_a_larger_storage_counts_the_storage_the_caller_holds():
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    x = torch.randn(100)[:10]
+    assert_matches(fxprop.estimate(gm, x), measure(gm, x))

@@ -58,8 +58,54 @@ def parallelize(model: Any, mesh: Any) -> Any:
 
 
 def _tensor_parallel(model: Any, tp_mesh: Any) -> None:
+    """transformers' plan applied as ``from_pretrained`` applies it: on the model with its tied
+    weights untied (it builds the model under ``no_tie_weights``), tied again afterwards (its
+    ``tie_weights``: the tied name gets the sharded parameter of the name it is tied to). The plan
+    names each tied parameter, which ``named_parameters`` lists once."""
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    tied = _untie(model)
     apply_tensor_parallelism(model, tp_mesh, transformers_tp_plan(model, tp_mesh.size()))
+    for (owner, name), (source_owner, source_name) in tied:
+        source = getattr(source_owner, source_name)
+        untied = getattr(owner, name)
+        if is_dtensor(source) != is_dtensor(untied) or (
+                is_dtensor(source) and tuple(source.placements) != tuple(untied.placements)):
+            raise UsageError(f"--mesh tp={tp_mesh.size()}: {type(model).__name__}'s tensor-parallel plan shards "
+                             f"tied weights differently ({_placements(source)} and {_placements(untied)})")
+        setattr(owner, name, source)
+
+
+def _untie(model: Any) -> list[tuple[tuple[Any, str], tuple[Any, str]]]:
+    """Give every parameter that repeats one listed before it (a tied weight) a copy of its own;
+    returns ((module, name), (module, name) of the one it repeats) for each."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    first: dict[int, tuple[Any, str]] = {}
+    tied = []
+    for qualified, parameter in model.named_parameters(remove_duplicate=False):
+        owner_name, _, name = qualified.rpartition(".")
+        owner = modules[owner_name]
+        if id(parameter) in first:
+            if (owner, name) != first[id(parameter)]:
+                tied.append(((owner, name), first[id(parameter)]))
+        else:
+            first[id(parameter)] = (owner, name)
+    for (owner, name), _ in tied:
+        parameter = getattr(owner, name)
+        setattr(owner, name, torch.nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad))
+    return tied
+
+
+def _placements(value: Any) -> str:
+    return str(tuple(value.placements)) if is_dtensor(value) else "whole"
+
+
+def check_optimizer(name: str, model: Any) -> None:
+    """An optimizer torch can step on the parallelized model's DTensor parameters: Adafactor cannot
+    (its parameter norm is a partial DTensor, which its in-place ``pow_`` refuses), so a step of it
+    would be no step a rank can run."""
+    if name == "adafactor" and any(is_dtensor(p) for p in model.parameters()):
+        raise UsageError("--optimizer adafactor with --mesh: torch.optim.Adafactor cannot step DTensor parameters "
+                         "(DTensor refuses the in-place pow_ on its parameter norm's partial placement); use adamw or sgd")
 
 
 def parameter_groups(parameters: list[torch.nn.Parameter]) -> list[dict[str, Any]]:

@@ -177,6 +177,8 @@ def _build(args: argparse.Namespace, overrides: dict[str, Any], device: torch.de
     model = transformers_models.causal_lm_on_meta(config, dtype, args.train, args.activation_checkpointing)
     if mesh is not None:
         transformers_parallel.parallelize(model, mesh)
+        if args.train and args.optimizer == "adafactor":
+            transformers_parallel.check_optimizer(args.optimizer, model)
     optimizer = None
     if args.train:
         trained = transformers_parallel.parameter_groups([p for p in model.parameters() if p.requires_grad])

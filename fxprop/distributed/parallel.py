@@ -98,20 +98,24 @@ def shard_parameters(model: nn.Module, mesh: Any, dim: str) -> nn.Module:
     position = names.index(dim)
     others = tuple(name for name in names if name != dim)
     rest = (mesh[others] if len(others) > 1 else mesh[others[0]]) if others else None  # sliced here, not in a hook
+    shards: dict[int, tuple[Any, nn.Parameter]] = {}  # by the original (held: its id stays its own); a parameter
+    # two modules share (tied weights) is sharded once, and the modules share the shard
     for module in model.modules():
         own = list(module.named_parameters(recurse=False))
         if not own:
             continue
         module._fxprop_plain = {name for name, parameter in own if not is_dtensor(parameter)}
         for name, parameter in own:
-            placements = _on_mesh(parameter, mesh, position, Shard(0))
-            if is_dtensor(parameter):
-                spec = dtensor_spec_of(parameter)
-                local = local_tensor_of(parameter)
-                sharded = _shard_local(local, spec, mesh, placements)
-            else:
-                sharded = distribute_tensor(parameter.detach(), mesh, placements)
-            own_state(module)[0][name] = nn.Parameter(sharded, requires_grad=parameter.requires_grad)
+            if id(parameter) not in shards:
+                placements = _on_mesh(parameter, mesh, position, Shard(0))
+                if is_dtensor(parameter):
+                    spec = dtensor_spec_of(parameter)
+                    local = local_tensor_of(parameter)
+                    sharded = _shard_local(local, spec, mesh, placements)
+                else:
+                    sharded = distribute_tensor(parameter.detach(), mesh, placements)
+                shards[id(parameter)] = parameter, nn.Parameter(sharded, requires_grad=parameter.requires_grad)
+            own_state(module)[0][name] = shards[id(parameter)][1]
         module.register_forward_pre_hook(_gather(position, Replicate(), rest))
         module.register_forward_hook(_release)
     return model

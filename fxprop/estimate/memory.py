@@ -31,7 +31,7 @@ import torch
 import torch.fx
 
 from ..call import tensors_of
-from ..distributed.dtensors import META_KEY, local_of
+from ..distributed.dtensors import META_KEY, is_dtensor, local_of
 from ..torch_compat import (FakeTensor, OpOverload, distributed_available, functorch_unwrapped, schema_of,
                            storage_key)
 
@@ -205,10 +205,12 @@ def _resident(gm: torch.fx.GraphModule, trace: MemoryTrace, number: Callable[[An
         real = real_inputs[index] if real_inputs is not None and index < len(real_inputs) else None
         for tensor in tensors_in(node.meta.get("val")):
             key = storage_key(tensor)
-            if isinstance(real, torch.Tensor) and _holds_memory(real) and len(tensors_in(node.meta.get("val"))) == 1:
-                aliases[key] = key = ("input", storage_key(real))  # two inputs viewing one storage count once
-            _add_resident(trace, trace.input_bytes, key, str(tensor.device), lambda: tensor.untyped_storage().nbytes(),
-                          number)
+            size = tensor.untyped_storage().nbytes
+            if isinstance(real, torch.Tensor) and len(tensors_in(node.meta.get("val"))) == 1:
+                if _holds_memory(real):
+                    aliases[key] = key = ("input", storage_key(real))  # two inputs viewing one storage count once
+                size = _input_storage_size(tensor, real)
+            _add_resident(trace, trace.input_bytes, key, str(tensor.device), size, number)
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             real = _attribute(gm, str(node.target))
@@ -240,6 +242,21 @@ def _add_resident(trace: MemoryTrace, totals: dict[str, Any], key: Hashable, dev
     trace.resident.add(key)
     trace.storages[key] = Storage(device, nbytes)
     totals[device] = totals.get(device, 0) + nbytes
+
+
+def _input_storage_size(annotation: torch.Tensor, real: torch.Tensor) -> Callable[[], Any]:
+    """The size of an input's storage: the caller's, which may be larger than the input (a view of
+    a larger tensor, the last rank's shard of a dim the ranks do not divide evenly, whose storage
+    keeps the padding), where the annotation's size is a number; else the annotation's."""
+    def size() -> Any:
+        annotated = annotation.untyped_storage().nbytes()
+        if not isinstance(annotated, int) or is_dtensor(real) or real.layout != torch.strided:
+            return annotated
+        try:
+            return max(annotated, int(real.untyped_storage().nbytes()))
+        except (RuntimeError, NotImplementedError, TypeError):
+            return annotated
+    return size
 
 
 def _holds_memory(tensor: torch.Tensor) -> bool:
