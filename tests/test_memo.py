@@ -186,3 +186,49 @@ def test_a_memoized_result_keeps_its_known_values_on_a_hit():
         items.append(next(node for node in gm.graph.nodes if node.target == "item").meta["val"])
     assert cache.stats()["hits"] > 0
     assert items == [10, 10]  # sum(range(5)), as real execution computes it
+
+
+def test_a_user_module_inside_a_torch_container_under_two_names_may_differentiate():
+    """The graph calls a torch container by its second name; what it holds is the user's code,
+    which may walk the autograd graph, so the memo must not hand it results without history."""
+    from fxprop.memo.purity import may_differentiate
+
+    class Doubles(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    root = torch.nn.Module()
+    root.first = root.second = torch.nn.Sequential(Doubles())
+    graph = torch.fx.Graph()
+    graph.output(graph.call_module("second", (graph.placeholder("x"),)))
+    assert may_differentiate(torch.fx.GraphModule(root, graph))
+
+    plain = torch.nn.Module()
+    plain.first = plain.second = torch.nn.Sequential(torch.nn.ReLU())
+    graph = torch.fx.Graph()
+    graph.output(graph.call_module("second", (graph.placeholder("x"),)))
+    assert not may_differentiate(torch.fx.GraphModule(plain, graph))
+
+
+@pytest.mark.parametrize("layout", [((2, 3, 4, 5), None), ((2, 3, 4, 5), "channels_last"), ((2, 1, 4, 5), "channels_last"),
+                                    ((2, 3, 1, 1), "channels_last"), ((1, 3, 1, 4, 5), "channels_last_3d"),
+                                    ((0, 3, 4, 5), "channels_last"), ((4, 6), "transposed"), ((4, 6), "sliced")])
+def test_tensor_meta_memory_formats_match_shape_prop_on_every_call(layout):
+    """fxprop keeps the memory format it decides per sizes and strides; the second propagation (a
+    memo hit, the format remembered) records what ShapeProp records as the first did."""
+    from torch.fx.passes.shape_prop import ShapeProp
+    shape, form = layout
+
+    def laid_out(x):
+        if form == "transposed":
+            return x.t().contiguous().t() + 1
+        if form == "sliced":
+            return x[:, ::2] + 1
+        return x.contiguous(memory_format=getattr(torch, form) if form else torch.contiguous_format) + 1
+
+    gm = torch.fx.symbolic_trace(laid_out)
+    ShapeProp(gm).propagate(torch.randn(shape))
+    expected = {node.name: node.meta["tensor_meta"].memory_format for node in gm.graph.nodes if "tensor_meta" in node.meta}
+    for _ in range(2):
+        fxprop.propagate(gm, TensorSpec(shape))
+        assert {node.name: node.meta["tensor_meta"].memory_format for node in gm.graph.nodes} == expected
