@@ -316,3 +316,26 @@ def test_each_ranks_graphs_match_their_real_execution_on_gloo(world_size):
     ranks also DTensor values: a tensor-parallel MLP and a TP+SP Llama-style decoder traced with
     their DTensor parameters, placements, local shapes and collective counts equal to the real run's."""
     mp.spawn(cases.rank_worker, args=(world_size, _free_port()), nprocs=world_size, join=True)
+
+
+def test_collective_meta_kernels_are_registered_at_the_first_collective_not_at_import():
+    """``import fxprop`` leaves ``torch.distributed._functional_collectives`` unimported (it costs
+    every program's cold start); a graph that calls a functional collective in a fresh process
+    still gets its meta kernel, registered when the collective is first resolved."""
+    import subprocess
+    import sys
+    program = """
+import sys, torch, fxprop
+assert "torch.distributed._functional_collectives" not in sys.modules
+graph = torch.fx.Graph()
+x = graph.placeholder("x")
+reduced = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0"))
+graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
+gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+out = fxprop.propagate(gm, fxprop.TensorSpec((4, 8), device="cuda"))
+assert tuple(out.shape) == (4, 8) and out.device.type == "cuda", out
+print(sorted({node.meta["fxprop"].kind.value for node in gm.graph.nodes if node.op == "call_function"}))
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "unsupported" not in done.stdout

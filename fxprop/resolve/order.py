@@ -47,7 +47,7 @@ from ..kinds import Kind, Rule, is_python_operator
 from .registry import target_name
 from ..torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
                             decomposition_table, has_kernel, is_composite_implicit, overload_for_call, pytree,
-                            registered_fake, schema_of)
+                            register_collective_meta_kernels, registered_fake, schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
@@ -182,6 +182,8 @@ def _composite(target: Any, device_rule: str | None) -> Rule:
 def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
     name = op.name()
     has = has_kernel
+    if op.namespace in _COMMUNICATING_NAMESPACES:
+        register_collective_meta_kernels()  # at the first collective: the import costs every other program
     label = target_name(op)
     if not any(has(name, key) for key in _ANY_KERNEL):  # a TorchScript builtin: it calls other ops
         return _composite(op, device_rule)

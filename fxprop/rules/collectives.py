@@ -14,7 +14,7 @@ import torch
 
 from ..errors import PropagationError, UnsupportedError
 from ..resolve.registry import rule
-from ..torch_compat import check, distributed_available, register_collective_meta_kernels, register_dtensor_fake_kernels
+from ..torch_compat import check, distributed_available, register_dtensor_fake_kernels
 
 REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max", "band", "bor", "bxor", "unused"})
 """The reduce ops the functional collectives accept by name, lower case only (``Functional.cpp``)."""
@@ -48,7 +48,6 @@ def _into_out(op_name: str, out: torch.Tensor, expected: list) -> torch.Tensor:
 
 
 if distributed_available():
-    register_collective_meta_kernels()
     c10d = torch.ops._c10d_functional
 
     @rule(c10d.all_reduce.default)
