@@ -269,6 +269,70 @@ def import_dynamo() -> None:
     import torch._dynamo  # noqa: F401
 
 
+def _dynamo_imported() -> bool:
+    import sys
+    return "torch._dynamo" in sys.modules
+
+
+def container_fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode to hold the FakeTensors fxprop writes into ``node.meta["val"]``.
+
+    FakeTensorMode's constructor imports torch._dynamo to read two settings, which costs a
+    process that has not imported it yet ~0.4 s and ~45 MB. Until it is imported, the mode is
+    built as the constructor builds it, those settings read from the environment as
+    torch._dynamo.config reads them (`tests/test_structure.py` checks the two agree).
+    """
+    if _dynamo_imported():
+        return FakeTensorMode(allow_non_fake_inputs=True)
+    return fake_mode_without_dynamo()
+
+
+def fake_mode_without_dynamo() -> FakeTensorMode:
+    """``FakeTensorMode(allow_non_fake_inputs=True)``, built without importing torch._dynamo."""
+    import os
+    import traceback
+    import torch._functorch.config as functorch_config
+    import torch.nested._internal.nested_tensor as nested_tensor
+    from torch._subclasses.fake_tensor import FakeTensorConverter
+
+    mode = FakeTensorMode.__new__(FakeTensorMode)
+    TorchDispatchMode.__init__(mode)
+    mode.allow_fallback_kernels = True
+    mode.propagate_real_tensors = functorch_config.fake_tensor_propagate_real_tensors
+    mode.fake_tensor_converter = FakeTensorConverter(copy_data=mode.propagate_real_tensors, export=False)
+    mode.static_shapes = True
+    mode.allow_scalar_outputs = False
+    mode._allow_unsafe_data_ptr_access = functorch_config.fake_tensor_allow_unsafe_data_ptr_access
+    mode.allow_meta = functorch_config.fake_tensor_allow_meta
+    mode.cache_enabled = (os.environ.get("TORCH_FAKE_TENSOR_DISPATCH_CACHE", "1") == "1"
+                          and not mode.propagate_real_tensors)
+    mode.cache_crosscheck_enabled = os.environ.get("TORCH_FAKE_TENSOR_DISPATCH_CACHE_CROSSCHECK", "0") == "1"
+    mode.allow_non_fake_inputs = True
+    mode.in_kernel_invocation = False
+    mode.enter_stack = []
+    mode.shape_env = None
+    mode._stack_trace = traceback.extract_stack()
+    mode._stack = None
+    mode._mode_key = torch._C._TorchDispatchModeKey.FAKE
+    mode.nt_tensor_id_initial_count = nested_tensor._tensor_id_counter
+    mode.nt_tensor_id_counter = mode.nt_tensor_id_initial_count
+    return mode
+
+
+def dispatch_without_importing_dynamo(mode_type: type) -> None:
+    """torch wraps every TorchDispatchMode's ``__torch_dispatch__`` so that dynamo never traces
+    into it, and the wrapper imports torch._dynamo at its first call. Until torch._dynamo is
+    imported nothing can trace, so the wrapper is told to call the mode's own method; once it
+    is imported, the wrapper disables dynamo for it as torch does."""
+    raw = getattr(mode_type.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+    if raw is None:
+        return
+    if not _dynamo_imported():
+        setattr(raw, "__dynamo_disable", raw)
+    elif getattr(raw, "__dynamo_disable", None) is raw:
+        delattr(raw, "__dynamo_disable")  # the wrapper makes dynamo's own disabled function again
+
+
 def lookup_compile_backend(name: str) -> Any:
     """The torch.compile backend registered under ``name`` ("inductor", "aot_eager", "eager", ...)."""
     from torch._dynamo import lookup_backend

@@ -44,7 +44,7 @@ from .module_state import StateView
 from ..resolve.registry import generation as registry_generation
 from .source import source_line
 from .inputs import TensorSpec, to_internal, traced_example
-from ..torch_compat import FakeTensorMode, pytree
+from ..torch_compat import pytree
 from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance, _op_name
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -315,8 +315,9 @@ class Propagation:
         if with_dtensors:
             torch_compat.prepare_dtensor_decompositions()
         self.mode = DTensorDispatch(self.session, self.sharding) if with_dtensors else RuleDispatch(self.session)
+        torch_compat.dispatch_without_importing_dynamo(type(self.mode))
         self.shardings: dict[torch.fx.Node, dtensors.NodeSharding] = {}
-        self.make_fake = FakeTensorFactory(FakeTensorMode(allow_non_fake_inputs=True))
+        self.make_fake = FakeTensorFactory(torch_compat.container_fake_mode())
         self.staged: dict[torch.fx.Node, tuple] = {}
         self.index_values = IndexValues()
         self.default_device: torch.device | None = None
