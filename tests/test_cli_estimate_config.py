@@ -242,8 +242,10 @@ def test_overrides_are_literals_never_code():
     (["t5", "--seq", "8"], "t5 has no causal language model in transformers"),
     (["openai-gpt", "n_layer=1", "--seq", "8", "--train", "--activation-checkpointing"],
      "OpenAIGPTLMHeadModel does not support activation checkpointing"),
+    (["llama", "vocab_size=0", "--seq", "8"], "vocab_size=0: the model has no token id"),
+    (["llama", "--seq", "8", "--bogus"], "unrecognized arguments: --bogus"),
 ], ids=["model_type", "override_form", "override_value", "override_key", "memory_size", "optimizer_alone",
-        "momentum", "device", "config_file", "not_causal", "no_checkpointing"])
+        "momentum", "device", "config_file", "not_causal", "no_checkpointing", "no_vocabulary", "unknown_option"])
 def test_usage_errors_say_what_is_wrong(args, message, capsys):
     error = usage_error(capsys, *args)
     assert message in error and "Traceback" not in error
@@ -270,3 +272,22 @@ def test_docstring_examples(module):
     import importlib
     found = doctest.testmod(importlib.import_module(module))
     assert found.failed == 0 and found.attempted > 0
+
+
+def test_overrides_may_follow_the_options(capsys):
+    """``llama --seq 16 hidden_size=32``: KEY=VALUE words after options are overrides too, as before them."""
+    from fxprop.cli.main import main
+    tiny = ["hidden_size=32", "num_hidden_layers=1", "num_attention_heads=4", "num_key_value_heads=2",
+            "intermediate_size=64", "vocab_size=128"]
+    reports = []
+    for argv in (["estimate", "llama", *tiny, "--seq", "16", "--format", "json"],
+                 ["estimate", "llama", "--seq", "16", *tiny[:3], "--format", "json", *tiny[3:]]):
+        assert main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    for report in reports:
+        report.pop("seconds")
+    import transformers
+    config = transformers.LlamaConfig(**{key: int(value) for key, value in (item.split("=") for item in tiny)})
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    assert reports[0] == reports[1] and reports[0]["parameters"] == sum(p.numel() for p in model.parameters())

@@ -144,7 +144,13 @@ def _unwritable_outputs(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unparsed = parser.parse_known_args(argv)
+    if getattr(args, "command", None) == "estimate":
+        # KEY=VALUE overrides may follow options too: ``llama --seq 16 hidden_size=32``
+        args.overrides += [item for item in unparsed if will_it_fit.is_override(item)]
+        unparsed = [item for item in unparsed if not will_it_fit.is_override(item)]
+    if unparsed:
+        args.subparser.error(f"unrecognized arguments: {' '.join(unparsed)}")
     if getattr(args, "svg", None) and not drawing.have_dot():  # say so now, not after a long propagation
         print(f"fxprop: error: {drawing.GRAPHVIZ_HINT}", file=sys.stderr)
         return EXIT_ERROR

@@ -77,6 +77,11 @@ def _dtype(text: str) -> torch.dtype:
     return DTYPES[text.lower()]
 
 
+def is_override(text: str) -> bool:
+    """Whether a word of the command line is a ``KEY=VALUE`` config override."""
+    return text.partition("=")[0].isidentifier() and "=" in text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a model type (llama, gpt2, ...), a config.json (or a folder holding one), or a Hugging "
@@ -174,6 +179,9 @@ def _build(args: argparse.Namespace, overrides: dict[str, Any], device: torch.de
     seq = args.seq or getattr(config, "max_position_embeddings", None)
     if not seq:
         raise UsageError(f"{config.model_type} configs have no max_position_embeddings: give --seq")
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab < 1:
+        raise UsageError(f"vocab_size={vocab}: the model has no token id to be fed (its embedding refuses every id)")
     model = transformers_models.causal_lm_on_meta(config, dtype, args.train, args.activation_checkpointing)
     if mesh is not None:
         transformers_parallel.parallelize(model, mesh)
