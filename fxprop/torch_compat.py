@@ -324,13 +324,18 @@ def dispatch_without_importing_dynamo(mode_type: type) -> None:
     into it, and the wrapper imports torch._dynamo at its first call. Until torch._dynamo is
     imported nothing can trace, so the wrapper is told to call the mode's own method; once it
     is imported, the wrapper disables dynamo for it as torch does."""
-    raw = getattr(mode_type.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
-    if raw is None:
-        return
-    if not _dynamo_imported():
-        setattr(raw, "__dynamo_disable", raw)
-    elif getattr(raw, "__dynamo_disable", None) is raw:
-        delattr(raw, "__dynamo_disable")  # the wrapper makes dynamo's own disabled function again
+    dynamo_imported = _dynamo_imported()
+    for cls in mode_type.__mro__:  # a subclass's method calls its bases' (DTensorDispatch's super())
+        raw = getattr(cls.__dict__.get("__torch_dispatch__"), "__wrapped__", None)
+        if raw is None:
+            continue
+        if not dynamo_imported:
+            setattr(raw, "__dynamo_disable", raw)
+        elif getattr(raw, "__dynamo_disable", None) is raw:
+            try:  # the wrapper makes dynamo's own disabled function again
+                delattr(raw, "__dynamo_disable")
+            except AttributeError:
+                pass  # another thread's propagate removed it first
 
 
 def lookup_compile_backend(name: str) -> Any:

@@ -260,3 +260,30 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_dtensor_propagate_after_dynamo_is_imported_restores_torchs_wrapper_of_every_dispatch_mode():
+    """DTensorDispatch's ``__torch_dispatch__`` calls RuleDispatch's through ``super()``: a first
+    propagate in a fresh process lets RuleDispatch's skip torch's dynamo-disabling wrapper, and a
+    DTensor propagate once dynamo is imported gives both back to torch's wrapper, as torch's
+    ``_disable_dynamo`` makes it (not only DTensorDispatch's own)."""
+    import subprocess
+    import sys
+    program = """
+import sys, torch, fxprop
+from torch.distributed.tensor import Shard, distribute_tensor
+from fxprop.engine.dispatch import DTensorDispatch, RuleDispatch
+fxprop.propagate(torch.fx.symbolic_trace(lambda x: x.sin()), fxprop.TensorSpec((5,)))
+assert "torch._dynamo" not in sys.modules
+raws = [cls.__dict__["__torch_dispatch__"].__wrapped__ for cls in (RuleDispatch, DTensorDispatch)]
+import torch._dynamo
+with fxprop.mesh_simulation((2,), device_type="cpu") as mesh:
+    weight = distribute_tensor(torch.randn(4, 3), mesh, [Shard(0)])
+    expected = (weight * 2).relu().sum(0)
+    out = fxprop.propagate(torch.fx.symbolic_trace(lambda w: (w * 2).relu().sum(0)), weight)
+    assert out.placements == expected.placements and out.shape == expected.shape, (out, expected)
+print([getattr(raw, "__dynamo_disable", None) is raw for raw in raws])
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[False, False]", done.stdout
