@@ -282,3 +282,31 @@ def test_margin_losses_of_a_vector_give_one_0_dim_loss(shape, reduction):
                                        x, labels)
     fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(torch.nn.MultiMarginLoss(reduction=reduction)),
                                        x, classes)
+
+
+_HALF = torch.float16
+_NOT_DENSE = {
+    "expanded": lambda: torch.randn(4, 1, dtype=_HALF).expand(4, 3),
+    "transposed_slice": lambda: torch.randn(4, 6, dtype=_HALF)[:, ::2].t(),
+    "permuted_slice": lambda: torch.randn(2, 3, 4, 5, dtype=_HALF).permute(0, 2, 3, 1)[:, ::2],
+    "permuted_gaps": lambda: torch.randn(8, dtype=_HALF).as_strided((2, 1, 1, 2), (4, 4, 4, 2)).permute(1, 2, 3, 0),
+    "expanded_permuted": lambda: torch.randn(5, 1, 3, dtype=_HALF).expand(5, 2, 3).transpose(0, 2),
+}
+
+
+@pytest.mark.parametrize("make", list(_NOT_DENSE.values()), ids=list(_NOT_DENSE))
+@pytest.mark.parametrize("partner_shape", [(1,), ()], ids=["broadcast", "scalar_tensor"])
+def test_a_binary_op_casts_a_non_dense_input_as_tensor_iterator_does(make, partner_shape):
+    """Fuzz finding: ``float32 (1,) + float16 permuted slice`` was laid out contiguous; the CPU's
+    TensorIterator casts the float16 input with ``Tensor.to``, which keeps its strides' order
+    (dense, as ``empty_like`` lays it out), and the result follows that order."""
+    def add(partner, x):
+        return torch.add(partner, x)
+    x = make()
+    partner = torch.randn(partner_shape)
+    real = add(partner, x)
+    gm = torch.fx.symbolic_trace(add)
+    fxprop.propagate(gm, fxprop.TensorSpec(partner_shape), fxprop.TensorSpec(tuple(x.shape), stride=x.stride(),
+                                                                               dtype=torch.float16))
+    fxprop.testing.assert_matches_real(gm, partner, x)
+    assert fxprop.propagate(gm, partner, x).stride() == real.stride()

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 from ..engine import session as context
-from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes, suggest_memory_format,
+from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes,
                             is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
                             make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
 
@@ -208,9 +208,10 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
 
 def _cast_on_the_host(op: OpOverload, operands: list) -> list:
     """On the CPU, a binary op's TensorIterator first casts an input of another dtype than the
-    common one (``Tensor.to``, which keeps a dense layout and lays any other out afresh) and
-    iterates over the copy: an expanded float16 input beside a float32 one iterates as a
-    contiguous tensor."""
+    common one (``Tensor.to``, which keeps a dense layout and lays any other out densely in the
+    order of its strides, as ``empty_like`` does) and iterates over the copy: an expanded float16
+    input beside a float32 one iterates as a contiguous tensor, a permuted slice as a dense
+    tensor permuted alike."""
     if _operand_arguments(op) not in _BINARY_OPERANDS or len(operands) != 2:
         return operands
     tensors = [operand for operand in operands if isinstance(operand, torch.Tensor)]
@@ -225,7 +226,7 @@ def _cast_on_the_host(op: OpOverload, operands: list) -> list:
         return operands
     return [operand if not isinstance(operand, torch.Tensor) or operand.dtype == common
             or is_non_overlapping_and_dense_or_false(operand)
-            else torch.empty(operand.shape, device="meta", memory_format=suggest_memory_format(operand))
+            else torch.empty_like(operand, device="meta")
             for operand in operands]
 
 
