@@ -370,3 +370,47 @@ def test_embedding_of_an_arange_refuses_as_index_select_of_its_rows_does(weight_
         assert real is not None and refusal.refuses_like(real), (real, refusal)
     else:
         assert real is None, real
+
+
+_IN_PLACE_CALLS = {
+    "add_float_into_int": (lambda a, b: a.add_(b), (torch.int64, (3, 4)), (torch.float32, (4,))),
+    "add_int_into_float": (lambda a, b: a.add_(b), (torch.float32, (3, 4)), (torch.int64, (4,))),
+    "add_0dim_double_into_half": (lambda a, b: a.add_(b), (torch.float16, (3, 4)), (torch.float64, ())),
+    "add_broadcast_into_smaller": (lambda a, b: a.add_(b), (torch.float32, (3, 1)), (torch.float32, (3, 4))),
+    "mul_bool_into_int": (lambda a, b: a.mul_(b), (torch.int32, (3, 4)), (torch.bool, (3, 4))),
+    "div_into_int": (lambda a, b: a.div_(b), (torch.int64, (3, 4)), (torch.int64, (3, 4))),
+    "div_floor_into_int": (lambda a, b: a.div_(b, rounding_mode="floor"), (torch.int64, (3, 4)), (torch.int64, (4,))),
+    "sqrt_of_int": (lambda a, b: a.sqrt_(), (torch.int64, (3, 4)), (torch.float32, ())),
+    "hardtanh_of_half": (lambda a, b: torch.nn.functional.hardtanh_(a), (torch.float16, (3, 4)), (torch.float32, ())),
+    "clamp_with_a_float_bound": (lambda a, b: a.clamp_(min=0.5), (torch.int64, (3, 4)), (torch.float32, ())),
+    "pow_by_float": (lambda a, b: a.pow_(2.5), (torch.int64, (3, 4)), (torch.float32, ())),
+    "bitwise_and_of_bools": (lambda a, b: a.bitwise_and_(b), (torch.bool, (3, 4)), (torch.bool, (4,))),
+}
+
+
+@pytest.mark.parametrize("name", list(_IN_PLACE_CALLS))
+def test_in_place_refusals_are_the_same_when_the_result_dtype_is_remembered(name):
+    """An in-place call's result dtype is kept per (op, dtypes, 0-dim flags, number types); the
+    second propagation of each call reads it from there. Both must refuse, or accept with the
+    right value, exactly as real execution does."""
+    fn, (first_dtype, first_shape), (second_dtype, second_shape) = _IN_PLACE_CALLS[name]
+
+    def program(a, b):
+        return fn(a, b) + 0
+
+    def make(dtype, shape):
+        return (torch.rand(shape) * 4 + 1).to(dtype)
+    a, b = make(first_dtype, first_shape), make(second_dtype, second_shape)
+    try:
+        program(a.clone(), b)
+        real_error = None
+    except Exception as error:  # noqa: BLE001 (the real refusal, whatever its type)
+        real_error = type(error)
+    gm = torch.fx.symbolic_trace(program)
+    for _ in range(2):
+        if real_error is None:
+            fxprop.testing.assert_matches_real(gm, a.clone(), b)
+        else:
+            with pytest.raises(fxprop.PropagationError) as caught:
+                fxprop.propagate(gm, a.clone(), b)
+            assert caught.value.error_type is real_error

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..call import tensors_in
 from ..engine.session import node_device
 from ..kinds.direct import direct_result
 from ..torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
@@ -61,16 +62,60 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     if twin is None or not args or not isinstance(args[0], torch.Tensor):
         return
     self = args[0]
-    result = direct_result(twin, args, kwargs)
-    if result is None:
-        result = twin(*args, **kwargs)
-    if not isinstance(result, torch.Tensor):
-        return
-    check(result.shape == self.shape,
-          lambda: f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(result.shape)}")
+    promotion = _promotion_key(twin, args, kwargs)
+    known = _pointwise_dtypes.get(promotion) if promotion is not None else None
+    if known is not None:
+        try:
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors_in(args, kwargs)))
+        except RuntimeError:
+            known = None  # the twin raises what the real kernel says about the shapes
+    if known is not None:
+        result_shape, result_dtype = shape, known
+    else:
+        result = direct_result(twin, args, kwargs)
+        if result is None:
+            result = twin(*args, **kwargs)
+        if not isinstance(result, torch.Tensor):
+            return
+        result_shape, result_dtype = result.shape, result.dtype
+        if promotion is not None and len(_pointwise_dtypes) < _DTYPES_KEPT:
+            _pointwise_dtypes[promotion] = result_dtype
+    check(result_shape == self.shape,
+          lambda: f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(result_shape)}")
     if torch.Tag.pointwise in op.tags:
-        check(torch.can_cast(result.dtype, self.dtype),
-              lambda: f"result type {scalar_type_name(result.dtype)} can't be cast to the desired output type {scalar_type_name(self.dtype)}")
+        check(torch.can_cast(result_dtype, self.dtype),
+              lambda: f"result type {scalar_type_name(result_dtype)} can't be cast to the desired output type {scalar_type_name(self.dtype)}")
+
+
+_pointwise_dtypes: dict[tuple, torch.dtype] = {}
+"""The result dtype of a pointwise twin by what decides it (`_promotion_key`): a fact of the op, so
+that an in-place call need not run its twin's python reference again only to learn it."""
+_DTYPES_KEPT = 1 << 14
+_PROMOTION_SCALARS = (bool, int, float, complex)
+
+
+def _promotion_key(twin: OpOverload, args: tuple, kwargs: dict) -> tuple | None:
+    """Everything a pointwise op's result dtype depends on: its tensors' dtypes and whether each is
+    0-dim (type promotion ranks those below dimensioned tensors), the python types of its numbers,
+    its string and None arguments as they are (``rounding_mode``), and the default dtype. None for
+    ops that are not pointwise and for calls with symbolic sizes or anything else among the arguments."""
+    if torch.Tag.pointwise not in twin.tags:
+        return None
+    parts: list = [twin, torch.get_default_dtype()]
+    for name, value in (*((None, value) for value in args), *kwargs.items()):
+        if name is not None:
+            parts.append(name)
+        if isinstance(value, torch.Tensor):
+            if value.layout is not torch.strided or any(isinstance(size, torch.SymInt) for size in value.shape):
+                return None
+            parts.append((value.dtype, value.dim() == 0))
+        elif type(value) in _PROMOTION_SCALARS:
+            parts.append(type(value))
+        elif value is None or isinstance(value, (str, torch.dtype)):
+            parts.append(value)
+        else:
+            return None
+    return tuple(parts)
 
 
 @lru_cache(maxsize=4096)
