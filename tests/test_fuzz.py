@@ -977,7 +977,7 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
         event("data-dependent: fxprop says it cannot answer")
         assert all("fxprop" not in node.meta for node in gm.graph.nodes), "a failed propagate wrote metadata"
     else:
-        if real.failed_node is not None and not unmodeled(real.error) and assumption_fails(gm, real):
+        if (real.failed_node is None or not unmodeled(real.error)) and assumption_fails(gm, real):
             event("propagated under an assumption that these values break")
             return
         assert real.failed_node is None or unmodeled(real.error), (
@@ -1159,6 +1159,20 @@ def test_an_assumption_the_real_values_break_is_accepted_only_when_they_break_it
     fxprop.propagate(gm, fxprop.TensorSpec((), dtype=torch.int64), fxprop.TensorSpec((2,)))
     assert assumption_fails(gm, run_real_until_error(gm, torch.tensor(3), torch.randn(2)))
     assert not assumption_fails(gm, run_real_until_error(gm, torch.tensor(2), torch.randn(2)))
+
+
+def test_values_that_break_an_assumption_of_a_run_real_execution_completes_are_not_compared():
+    """Campaign finding: ``torch.ones(x2.item()).expand_as(x0)`` with x0 of size 2 propagates under
+    ``Eq(u0, 2)`` (torch's size-oblivious choice: an unbacked size is not 1), strides (1,); real
+    execution with the value 1 completes too, with strides (0,). Those values break the stated
+    assumption, so the run is no evidence against the answer, as when real execution raises."""
+    def program(x0, x2):
+        return torch.ones((x2.item(),)).expand_as(x0)
+    gm = torch.fx.symbolic_trace(program)
+    out = fxprop.propagate(gm, fxprop.TensorSpec((2,)), fxprop.TensorSpec((), dtype=torch.int64))
+    assert out.stride() == program(torch.randn(2), torch.tensor(2)).stride()
+    assert assumption_fails(gm, run_real_until_error(gm, torch.randn(2), torch.tensor(1)))
+    assert not assumption_fails(gm, run_real_until_error(gm, torch.randn(2), torch.tensor(2)))
 
 
 def test_empty_operands_the_meta_kernel_accepts_never_reach_the_host():
