@@ -40,6 +40,17 @@ def local_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def assert_an_eager_step_holds(found: dict, model, optimizer) -> None:
+    """The rank's parameter, gradient and optimizer-state bytes equal those of an eager step of ``model``."""
+    model(**real_batch()).loss.backward()
+    gradients = local_bytes(p.grad for p in model.parameters())
+    optimizer.step()
+    state = local_bytes(value for entry in optimizer.state.values() for value in entry.values())
+    assert found["parameter_bytes"] == local_bytes(model.parameters())
+    assert found["gradient_bytes"] == gradients
+    assert found["optimizer_state_bytes"] + sum(found["optimizer_state_elsewhere"].values()) == state
+
+
 def parallel_model(mesh):
     model = real_model("llama")
     transformers_parallel.parallelize(model, mesh)
@@ -66,14 +77,7 @@ def test_a_rank_of_a_training_step_matches_the_rank_run_for_real(shape, names, r
         assert (found["peak"]["node"], found["peak"]["bytes"], found["flops"]) == (
             est.peak_node["cpu"], est.peak_bytes["cpu"] - constants, est.flops)
 
-        model, optimizer = parallel_model(mesh)
-        model(**real_batch()).loss.backward()
-        gradients = local_bytes(p.grad for p in model.parameters())
-        optimizer.step()
-        state = local_bytes(value for entry in optimizer.state.values() for value in entry.values())
-        assert found["parameter_bytes"] == local_bytes(model.parameters())
-        assert found["gradient_bytes"] == gradients
-        assert found["optimizer_state_bytes"] + sum(found["optimizer_state_elsewhere"].values()) == state
+        assert_an_eager_step_holds(found, *parallel_model(mesh))
     assert found["comm"]["all_reduce"]["count"] > 0
 
 
@@ -171,14 +175,7 @@ def test_tied_embeddings_stay_tied_and_match_the_rank_run_for_real(shape, names,
         assert_matches(est, measure(step.gm, *step.inputs))
         constants = est.state_bytes.get("cpu", 0)  # as in the training step above
         assert (found["peak"]["bytes"], found["flops"]) == (est.peak_bytes["cpu"] - constants, est.flops)
-        model, optimizer = build()
-        model(**real_batch()).loss.backward()
-        gradients = local_bytes(p.grad for p in model.parameters())
-        optimizer.step()
-        state = local_bytes(value for entry in optimizer.state.values() for value in entry.values())
-        assert found["parameter_bytes"] == local_bytes(model.parameters())
-        assert found["gradient_bytes"] == gradients
-        assert found["optimizer_state_bytes"] + sum(found["optimizer_state_elsewhere"].values()) == state
+        assert_an_eager_step_holds(found, *build())
 
 
 def test_an_uneven_last_shard_counts_its_padded_storage_as_the_rank_holds_it():
