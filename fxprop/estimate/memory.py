@@ -113,7 +113,7 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + gathered
         if node.op == "output":
             continue
-        for dead in last_uses.get(node, ()):
+        for dead in (*last_uses.get(node, ()), *((node,) if not node.users and node.op in _CALLS else ())):
             for key in trace.keys_of[dead]:
                 if key in trace.resident:
                     continue
@@ -122,6 +122,12 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
                     storage = trace.storages[key]
                     live[storage.device] = live[storage.device] - storage.nbytes
     return trace
+
+
+_CALLS = ("call_function", "call_method", "call_module")
+"""A call whose value nothing uses frees it right after, as eager frees an unreferenced temporary
+(``torch.empty(shape, device="meta").stride()`` in transformers' tensor-parallel layers, traced
+and retargeted to the step's device, was held to the end of the step)."""
 
 
 def _gathered_parameter_bytes(node: torch.fx.Node) -> int:
