@@ -310,3 +310,26 @@ def test_a_binary_op_casts_a_non_dense_input_as_tensor_iterator_does(make, partn
                                                                                dtype=torch.float16))
     fxprop.testing.assert_matches_real(gm, partner, x)
     assert fxprop.propagate(gm, partner, x).stride() == real.stride()
+
+
+@pytest.mark.parametrize("layout", [((1,), (2,)), ((3,), (2,)), ((1, 3), (7, 1)), ((2, 1), (1, 5)), ((2, 3), (1, 2))],
+                         ids=str)
+def test_abs_of_a_complex_tensor_keeps_a_dense_inputs_own_strides(layout):
+    """Campaign finding: ``abs`` of a complex (1,) tensor of stride 2 is a float tensor of stride 2
+    on a real device (the kernel allocates ``empty_like(self)``, which keeps a dense input's strides,
+    size-1 dims included), so a following ``view(torch.float16)`` is refused; the meta kernel's
+    ``empty_like`` gives stride 1, and fxprop accepted the view."""
+    shape, stride = layout
+    x = torch.randn(32, dtype=torch.complex64).as_strided(shape, stride)
+    gm = torch.fx.symbolic_trace(lambda x: torch.abs(x))
+    assert fxprop.propagate(gm, fxprop.TensorSpec(shape, stride=stride, dtype=torch.complex64)).stride() == \
+        torch.abs(x).stride()
+    viewed = torch.fx.symbolic_trace(lambda x: torch.abs(x).view(torch.float16))
+    try:
+        torch.abs(x).view(torch.float16)
+    except RuntimeError:
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(viewed, fxprop.TensorSpec(shape, stride=stride, dtype=torch.complex64))
+        assert caught.value.error_type is RuntimeError
+    else:
+        fxprop.testing.assert_matches_real(viewed, x)

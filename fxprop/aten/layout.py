@@ -35,7 +35,8 @@ _LAID_OUT_BY_THE_KERNEL = {aten.masked_fill.Scalar, aten.mvlgamma.default, aten.
                            aten.frexp.Tensor, aten.conj_physical.default}
 # pow.Scalar(base, exponent) asks for a contiguous result in its meta function.
 _CONTIGUOUS = {aten.pow.Scalar}
-# Of a complex tensor: abs allocates empty_like(self), as the meta kernel does; angle computes a
+# Of a complex tensor: abs allocates empty_like(self) (with the input's own strides, where the
+# input is dense, which the meta kernel's empty_like does not keep for size-1 dims); angle computes a
 # complex result and copies its real part into a fresh contiguous tensor; isinf iterates over
 # the real and imaginary parts (strided views of the input).
 _OF_A_COMPLEX_TENSOR: dict[Any, str] = {aten.abs.default: "the kernel's", aten.angle.default: "contiguous",
@@ -194,6 +195,11 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     first = operands[0]
     of_complex = _OF_A_COMPLEX_TENSOR.get(op) if isinstance(first, torch.Tensor) and first.is_complex() else None
     if of_complex == "the kernel's":
+        # the kernel allocates empty_like(self): a real device's keeps a dense input's strides as
+        # they are, those of size-1 dims included, where the meta kernel's recomputes them
+        if (is_non_overlapping_and_dense_or_false(first) and result.shape == first.shape
+                and result.stride() != first.stride()):
+            return result.new_empty_strided(result.shape, first.stride())
         return result
     if op in _CONTIGUOUS or of_complex == "contiguous":
         strides = make_contiguous_strides_for(shape)
