@@ -7,11 +7,9 @@ of them asks for the call's tensors; a `Call` finds them once and hands every as
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
-
-from .symbolic.sizes import has_symbolic
 
 
 def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -38,6 +36,19 @@ def _collect(value: Any, found: list[torch.Tensor]) -> None:
     elif isinstance(value, dict):
         for item in value.values():
             _collect(item, found)
+
+
+def has_symbolic(values: Iterable[Any]) -> bool:
+    """Whether a size among ``values`` (a tensor's, or one given as a number) is symbolic, in
+    nested lists and tuples too."""
+    for value in values:
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape):
+            return True
+        if isinstance(value, (list, tuple)) and has_symbolic(value):
+            return True
+    return False
 
 
 class Call:

@@ -11,6 +11,7 @@ import sympy
 import torch
 
 from .. import torch_compat
+from ..call import has_symbolic  # noqa: F401  (a call's fact, named here too)
 from ..errors import InternalError, PropagationError
 
 
@@ -149,12 +150,3 @@ def _as_sympy(value: Any) -> Any:
     raise InternalError(f"not a size: {value!r}")
 
 
-def has_symbolic(values: Iterable[Any]) -> bool:
-    for value in values:
-        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return True
-        if isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape):
-            return True
-        if isinstance(value, (list, tuple)) and has_symbolic(value):
-            return True
-    return False
