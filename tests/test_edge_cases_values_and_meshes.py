@@ -9,6 +9,7 @@ import torch
 from torch.fx import symbolic_trace
 
 import fxprop
+from test_trust import peak_growth_kib
 
 
 def _real(gm, *inputs):
@@ -41,18 +42,11 @@ def test_value_flow_never_makes_a_large_sibling_of_a_small_known_result():
     to keep: ``qr(x, mode="complete")`` of a known (8192, 1) tensor made the (8192, 8192) Q on the
     host (256 MiB, past ``fallback_limit_bytes=1 MiB``) to learn the (8192, 1) R; at 65,536 rows,
     16 GiB. In a fresh process, whose peak memory is its own (about 90 MiB without the host run)."""
-    import subprocess
-    import sys
-    script = ("import resource, torch, fxprop\n"
-              "gm = torch.fx.symbolic_trace(lambda k: torch.linalg.qr((torch.arange(8192) + k).float()"
-              ".unsqueeze(1), mode='complete')[1])\n"
-              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-              "out = fxprop.propagate(gm, torch.tensor(1), fallback_limit_bytes=1 << 20)\n"
-              "assert out.shape == (8192, 1)\n"
-              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout.split()[-1]) < 192 * 1024, f"grew by {done.stdout.split()[-1]} KiB"
+    grew = peak_growth_kib("gm = torch.fx.symbolic_trace(lambda k: torch.linalg.qr((torch.arange(8192) + k).float()"
+                           ".unsqueeze(1), mode='complete')[1])",
+                           "out = fxprop.propagate(gm, torch.tensor(1), fallback_limit_bytes=1 << 20)\n"
+                           "assert out.shape == (8192, 1)")
+    assert grew < 192 * 1024, f"grew by {grew} KiB"
 
 
 # --- known values out of range: real execution refuses ------------------------------------------
