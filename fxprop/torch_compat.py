@@ -6,8 +6,8 @@ other fxprop module reaches one, and that the patched name is still the one torc
 Longer than 500 lines because of that: one file to review is the point, and each entry is a
 name or a thin wrapper around one, filed by the torch subsystem it reaches into.
 
-The one patch, `device_hint`, is installed by `install_patches` on the first propagate,
-never on import.
+The two patches, `device_hint` and ShapeEnv's guard log (`decisions_held_apart`), are
+installed by `install_patches` on the first propagate, never on import.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch._meta_registrations as _meta_registrations
+import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
 import torch.nn.modules.module as _module_hooks
 
 from . import ambient
@@ -206,19 +207,67 @@ def _device_hint(tensor) -> str:
 
 
 def install_patches() -> None:
-    """Install the device hint once per process (it reads the node's device from `fxprop.ambient`)."""
+    """Install the device hint (it reads the node's device from `fxprop.ambient`) and the guard
+    log's tap (`decisions_held_apart`) once per process."""
     global _installed
     if _installed:
         return
     with _install_lock:
         if not _installed:
             _meta_registrations.device_hint = _device_hint
+            ShapeEnv._log_guard = _log_guard_held_apart
             _installed = True
 
 
 def patched_names() -> dict[str, tuple[Any, str]]:
     """Each patched torch name: the module holding it and the attribute name (for the compat test)."""
-    return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint")}
+    return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint"),
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._log_guard": (ShapeEnv, "_log_guard")}
+
+
+# --- decisions in a caller's ShapeEnv -----------------------------------------------------
+
+_torch_log_guard = ShapeEnv._log_guard
+_holding = threading.local()
+
+
+def _log_guard_held_apart(self, prefix: str, guard: Any, forcing_spec: bool) -> None:
+    held = getattr(_holding, "apart", None)
+    if held is not None and held[0] is self and prefix.endswith("[guard suppressed]"):
+        if prefix.startswith("runtime_assert") and _symbolic_shapes.free_unbacked_symbols(guard):
+            with _guards_installed():
+                self.guard_or_defer_runtime_assert(guard, "fxprop: a fact about a data-dependent value")
+        else:
+            held[1].append(guard)
+    _torch_log_guard(self, prefix, guard, forcing_spec)
+
+
+@contextlib.contextmanager
+def _guards_installed():
+    outer = ShapeEnv._suppress_guards_tls()
+    _symbolic_shapes.TLS.suppress_guards = False
+    try:
+        yield
+    finally:
+        _symbolic_shapes.TLS.suppress_guards = outer
+
+
+@contextlib.contextmanager
+def decisions_held_apart(shape_env: ShapeEnv, decided: list):
+    """Decide size conditions in ``shape_env`` (dynamo's, torch.export's) without installing a guard
+    or a replacement on its sizes: each such decision this thread takes there is appended to
+    ``decided`` instead (the guard it would have been). Decisions still follow the sizes' hints,
+    as the guards would have. A fact about a data-dependent size (``torch._check(u0 >= 0)`` after
+    ``.item()``) is no guard: it is asserted at run time, as the program asserts it, and later
+    decisions build on it."""
+    install_patches()
+    outer = getattr(_holding, "apart", None)
+    _holding.apart = (shape_env, decided)
+    try:
+        with shape_env.suppress_guards():
+            yield
+    finally:
+        _holding.apart = outer
 
 DispatchKey = torch._C.DispatchKey
 

@@ -339,6 +339,7 @@ class Propagation:
         failed = True
         try:
             with logical_default_device(), ambient.entered(session=self.session), \
+                    self.symbols.decisions_kept_from_caller(), \
                     self.sharding.observing() if self.sharding is not None else contextlib.nullcontext():
                 output = walk()
             failed = False

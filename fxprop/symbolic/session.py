@@ -1,6 +1,7 @@
 """`SymbolicSession`: one propagation's symbols, the ShapeEnv they live in, and what was assumed."""
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from typing import Any
@@ -36,6 +37,7 @@ class SymbolicSession:
         self._bound: dict[str, list] = {}  # node name -> the unbacked symbols its call created
         self._made: set = set()  # the backed symbols `_backed_symint` made
         self._assumed_before: tuple[int, set] = (0, set())  # guards and asserts the ShapeEnv held before
+        self._held_apart: list = []  # decisions taken in a caller's ShapeEnv, kept out of it
 
     def start(self):
         if self is _INACTIVE:
@@ -69,6 +71,15 @@ class SymbolicSession:
                 self.to_user[symbol] = user
                 self.infos[symbol] = SymbolInfo(user, lower if lower.is_finite else -sympy.oo,
                                                 upper if upper.is_finite else sympy.oo)
+
+    def decisions_kept_from_caller(self):
+        """While propagating in a caller's ShapeEnv, keep every decision out of it: a backend's or a
+        pass's propagation must leave the compiled program's guards as they were (each added guard
+        would be a recompile, or a dynamic size specialized). The decisions become this run's
+        assumptions. fxprop's own ShapeEnv keeps them as guards, which later decisions build on."""
+        if self.env is None or self.env in _OWN_ENVS:
+            return contextlib.nullcontext()
+        return torch_compat.decisions_held_apart(self.env, self._held_apart)
 
     def bind_traced(self, shape: tuple, traced: Any) -> None:
         """Compute a TensorSpec given for a placeholder that torch.export traced as ``traced`` (a
@@ -252,7 +263,7 @@ class SymbolicSession:
         guards_before, asserts_before = self._assumed_before
         raw = [a.expr for asserts in self.env.deferred_runtime_asserts.values() for a in asserts
                if id(a) not in asserts_before]
-        for expr in [*raw, *(guard.expr for guard in self.env.guards[guards_before:])]:
+        for expr in [*raw, *(guard.expr for guard in self.env.guards[guards_before:]), *self._held_apart]:
             relation = _small(_plain(expr).xreplace(self.to_user))
             if relation is not sympy.true and relation not in found:
                 found.append(relation)
