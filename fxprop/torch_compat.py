@@ -6,8 +6,8 @@ other fxprop module reaches one, and that the patched name is still the one torc
 Longer than 500 lines because of that: one file to review is the point, and each entry is a
 name or a thin wrapper around one, filed by the torch subsystem it reaches into.
 
-The one patch, `device_hint`, is installed by `install_patches` on the first propagate,
-never on import.
+The two patches, `device_hint` and `evaluate_expr`, are installed by `install_patches` on the
+first propagate, never on import.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import functools
 import threading
 from typing import Any, NamedTuple
 
+import sympy
 import torch
 import torch._meta_registrations as _meta_registrations
 import torch.nn.modules.module as _module_hooks
@@ -205,20 +206,45 @@ def _device_hint(tensor) -> str:
     return _torch_device_hint(tensor)
 
 
+# --- size relations torch's static evaluation leaves open ------------------------------
+
+_torch_evaluate_expr = ShapeEnv._evaluate_expr
+
+
+def _evaluate_expr(shape_env: ShapeEnv, orig_expr: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch's ``ShapeEnv._evaluate_expr``. Where it would refuse a relation on unbacked sizes that
+    it cannot decide from ranges and matching, the symbolic session of the propagation in progress
+    decides it if its truth is the same for every value of the sizes (`SymbolicSession.decide`);
+    otherwise torch's refusal stands."""
+    try:
+        return _torch_evaluate_expr(shape_env, orig_expr, *args, **kwargs)
+    except GuardOnDataDependentSymNode:
+        session = ambient.symbols()
+        if session is None or session.env is not shape_env or not isinstance(orig_expr, sympy.logic.boolalg.Boolean):
+            raise
+        decided = session.decide(orig_expr)
+        if decided is None:
+            raise
+        return sympy.true if decided else sympy.false
+
+
 def install_patches() -> None:
-    """Install the device hint once per process (it reads the node's device from `fxprop.ambient`)."""
+    """Install the device hint and the evaluation of open size relations once per process (both
+    read the call in progress from `fxprop.ambient`)."""
     global _installed
     if _installed:
         return
     with _install_lock:
         if not _installed:
             _meta_registrations.device_hint = _device_hint
+            ShapeEnv._evaluate_expr = _evaluate_expr
             _installed = True
 
 
 def patched_names() -> dict[str, tuple[Any, str]]:
-    """Each patched torch name: the module holding it and the attribute name (for the compat test)."""
-    return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint")}
+    """Each patched torch name: the module or class holding it and the attribute name (for the compat test)."""
+    return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint"),
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._evaluate_expr": (ShapeEnv, "_evaluate_expr")}
 
 DispatchKey = torch._C.DispatchKey
 
