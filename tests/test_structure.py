@@ -126,11 +126,19 @@ def test_the_patched_name_is_the_one_torch_consults():
         assert consulting, f"no function in {module.__name__} reads {attribute} any more"
 
 
+def test_each_op_run_as_atens_composite_still_has_a_python_kernel_and_a_composite():
+    for op in torch_compat.ATEN_COMPOSITE_OVER_PYTHON_KERNEL:
+        assert torch_compat.has_kernel(op.name(), "CompositeImplicitAutograd"), f"{op} has no ATen composite any more"
+        assert any(key in op.py_kernels for key in torch_compat.PYTHON_KERNEL_KEYS), \
+            f"torch has no python kernel for {op} any more: drop it from ATEN_COMPOSITE_OVER_PYTHON_KERNEL"
+
+
 def test_importing_fxprop_patches_nothing():
     code = ("import torch, torch._meta_registrations as m; hint = m.device_hint; "
             "from torch.fx.experimental.symbolic_shapes import ShapeEnv; evaluate = ShapeEnv._evaluate_expr; "
-            "import fxprop; "
+            "dropout = dict(torch.ops.aten.dropout.default.py_kernels); import fxprop; "
             "assert m.device_hint is hint and ShapeEnv._evaluate_expr is evaluate, 'patched on import'; "
+            "assert torch.ops.aten.dropout.default.py_kernels == dropout, 'patched on import'; "
             "gm = torch.fx.symbolic_trace(lambda x: x + 1); fxprop.propagate(gm, torch.ones(2)); "
             "assert m.device_hint is not hint, 'the first propagate installs the hint'; "
             "assert ShapeEnv._evaluate_expr is not evaluate, 'and the evaluation of open relations'")

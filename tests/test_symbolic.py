@@ -542,6 +542,57 @@ def test_an_exported_ceil_mode_pooling_chain_still_propagates():
         assert tuple(int(sympy.sympify(size).subs({H: h, W: w})) for size in shape) == tuple(real)
 
 
+# --- item 8: layouts with symbolic sizes ----------------------------------------------------
+
+def check_strides(gm: torch.fx.GraphModule, bindings: dict, inputs: tuple) -> None:
+    """Every tensor node's symbolic strides, with ``bindings`` substituted, are the real ones where
+    they address memory (a size-1 dim's stride addresses nothing)."""
+    for node, value in real_values(gm, inputs).items():
+        if not isinstance(value, torch.Tensor) or not value.numel():
+            continue
+        got = node.meta["val"]
+        shape, stride = ([int(sympy.sympify(size).subs(bindings)) for size in symbolic.user_shape(sizes)]
+                         for sizes in (got.shape, got.stride()))
+        assert shape == list(value.shape), (node, shape, value.shape)
+        assert [s for s, n in zip(stride, shape) if n != 1] == \
+            [s for s, n in zip(value.stride(), value.shape) if n != 1], (node, stride, value.stride())
+
+
+_NO_OP_LAYOUTS = {
+    "expanded": lambda x: x.unsqueeze(1).expand(-1, 3, -1),
+    "permuted": lambda x: x.unsqueeze(2).expand(-1, -1, 2).permute(2, 0, 1),
+    "size-1 dims": lambda x: x.unsqueeze(0).unsqueeze(2),
+    "sliced": lambda x: x[:, ::2],
+}
+
+
+class _NoOps(torch.nn.Module):
+    """Ops that return their input, a view of it or a copy laid out like it, on a layout of ``x``."""
+    def __init__(self, layout: str):
+        super().__init__()
+        self.layout = layout
+
+    def forward(self, x):
+        y = _NO_OP_LAYOUTS[self.layout](x)
+        return (F.dropout(y, 0.1, training=False), F.dropout(y, 0.1, training=False).to(torch.float16),
+                F.dropout(y, 0.0), y.clone(), torch.clone(y, memory_format=torch.preserve_format),
+                torch.ops.aten.alias.default(y), y.contiguous(), y.to(torch.float32), y.type_as(x), y.detach())
+
+
+@pytest.mark.parametrize("layout", _NO_OP_LAYOUTS)
+def test_no_op_ops_and_views_keep_their_inputs_strides_with_symbolic_sizes(layout):
+    """torch's python kernel of dropout (run under the python dispatcher, as with symbolic sizes)
+    clones where ATen returns the input itself; an expanded input came out (96, 32, 1), not (32, 0, 1)."""
+    model = _NoOps(layout)
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", 32)))
+    program = torch.export.export(model, (torch.randn(4, 32),), dynamic_shapes=({0: torch.export.Dim("b")},))
+    fxprop.propagate(program, TensorSpec(("B", 32)))
+    for b in (2, 3, 5):
+        check_strides(gm, {B: b}, (torch.randn(b, 32),))
+        check_strides(program.graph_module, {B: b}, (torch.randn(b, 32),))
+
+
 # --- the symbolic module ------------------------------------------------------------------
 
 def test_resolve_definitely_equal_and_broadcast_shapes():
