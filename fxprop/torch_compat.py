@@ -6,16 +6,18 @@ other fxprop module reaches one, and that the patched name is still the one torc
 Longer than 500 lines because of that: one file to review is the point, and each entry is a
 name or a thin wrapper around one, filed by the torch subsystem it reaches into.
 
-The two patches, `device_hint` and ShapeEnv's guard log (`decisions_held_apart`), are
-installed by `install_patches` on the first propagate, never on import.
+The patches, `device_hint`, ShapeEnv's `_evaluate_expr` and guard log (`decisions_held_apart`),
+and the python kernels of `ATEN_COMPOSITE_OVER_PYTHON_KERNEL`, are installed by
+`install_patches` on the first propagate, never on import.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
+import sympy
 import torch
 import torch._meta_registrations as _meta_registrations
 import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
@@ -206,22 +208,83 @@ def _device_hint(tensor) -> str:
     return _torch_device_hint(tensor)
 
 
+# --- size relations torch's static evaluation leaves open ------------------------------
+
+_torch_evaluate_expr = ShapeEnv._evaluate_expr
+
+
+def _evaluate_expr(shape_env: ShapeEnv, orig_expr: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch's ``ShapeEnv._evaluate_expr``. Where it would refuse a relation on unbacked sizes that
+    it cannot decide from ranges and matching, the symbolic session of the propagation in progress
+    decides it if its truth is the same for every value of the sizes (`SymbolicSession.decide`);
+    otherwise torch's refusal stands."""
+    try:
+        return _torch_evaluate_expr(shape_env, orig_expr, *args, **kwargs)
+    except GuardOnDataDependentSymNode:
+        session = ambient.symbols()
+        if session is None or session.env is not shape_env or not isinstance(orig_expr, sympy.logic.boolalg.Boolean):
+            raise
+        decided = session.decide(orig_expr)
+        if decided is None:
+            raise
+        return sympy.true if decided else sympy.false
+
+
+# --- ATen's own composite where torch's python kernel lays results out otherwise ----------
+
+DispatchKey = torch._C.DispatchKey
+
+ATEN_COMPOSITE_OVER_PYTHON_KERNEL = {
+    torch.ops.aten.dropout.default: "with train=False or p=0 ATen's composite returns the input itself, "
+                                    "torch's python kernel a clone (an expanded or sliced input loses its strides)",
+}
+"""CompositeImplicitAutograd ops whose python kernel (``py_impl``, which torch's python dispatcher
+runs, and fxprop enables that dispatcher while sizes are symbolic) gives results other than
+ATen's C++ composite, which real execution and propagations without symbols run: while fxprop
+propagates, they run ATen's composite, with symbolic sizes too. Outside a propagation torch's
+python kernel runs as before."""
+
+PYTHON_KERNEL_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
+
+
+def _aten_composite_while_propagating(op: OpOverload, python_kernel: Callable) -> Callable:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        if ambient.session() is None:
+            return python_kernel(*args, **kwargs)
+        return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
+    return kernel
+
+
+def _run_aten_composites() -> None:
+    for op in ATEN_COMPOSITE_OVER_PYTHON_KERNEL:
+        for key in PYTHON_KERNEL_KEYS:
+            python_kernel = op.py_kernels.get(key)
+            if python_kernel is not None:
+                op.py_kernels[key] = _aten_composite_while_propagating(op, python_kernel)
+        op._dispatch_cache.clear()
+
+
 def install_patches() -> None:
-    """Install the device hint (it reads the node's device from `fxprop.ambient`) and the guard
-    log's tap (`decisions_held_apart`) once per process."""
+    """Install the device hint, the evaluation of open size relations, the guard log's tap
+    (`decisions_held_apart`) and ATen's composites over torch's python kernels once per process
+    (each reads the call in progress from `fxprop.ambient` or this thread)."""
     global _installed
     if _installed:
         return
     with _install_lock:
         if not _installed:
             _meta_registrations.device_hint = _device_hint
+            ShapeEnv._evaluate_expr = _evaluate_expr
             ShapeEnv._log_guard = _log_guard_held_apart
+            _run_aten_composites()
             _installed = True
 
 
 def patched_names() -> dict[str, tuple[Any, str]]:
-    """Each patched torch name: the module holding it and the attribute name (for the compat test)."""
+    """Each patched torch name: the module or class holding it and the attribute name (for the
+    compat test; the python kernels of `ATEN_COMPOSITE_OVER_PYTHON_KERNEL` are checked on their own)."""
     return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint"),
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._evaluate_expr": (ShapeEnv, "_evaluate_expr"),
             "torch.fx.experimental.symbolic_shapes.ShapeEnv._log_guard": (ShapeEnv, "_log_guard")}
 
 
@@ -268,8 +331,6 @@ def decisions_held_apart(shape_env: ShapeEnv, decided: list):
             yield
     finally:
         _holding.apart = outer
-
-DispatchKey = torch._C.DispatchKey
 
 
 def call_kernel(op: OpOverload, key: str, *args, **kwargs) -> Any:

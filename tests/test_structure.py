@@ -1,5 +1,6 @@
 """The package's shape: private torch names in one module, an import graph without cycles."""
 import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -120,16 +121,27 @@ def test_the_attribute_scan_sees_torchs_private_attributes():
 def test_the_patched_name_is_the_one_torch_consults():
     for where, (module, attribute) in torch_compat.patched_names().items():
         assert hasattr(module, attribute), f"{where} is gone: torch no longer consults it"
-        consulting = [value for value in vars(module).values()
-                      if callable(value) and attribute in getattr(getattr(value, "__code__", None), "co_names", ())]
+        consulting = [value for value in vars(module).values() if callable(value) and attribute in
+                      getattr(getattr(inspect.unwrap(value), "__code__", None), "co_names", ())]
         assert consulting, f"no function in {module.__name__} reads {attribute} any more"
 
 
+def test_each_op_run_as_atens_composite_still_has_a_python_kernel_and_a_composite():
+    for op in torch_compat.ATEN_COMPOSITE_OVER_PYTHON_KERNEL:
+        assert torch_compat.has_kernel(op.name(), "CompositeImplicitAutograd"), f"{op} has no ATen composite any more"
+        assert any(key in op.py_kernels for key in torch_compat.PYTHON_KERNEL_KEYS), \
+            f"torch has no python kernel for {op} any more: drop it from ATEN_COMPOSITE_OVER_PYTHON_KERNEL"
+
+
 def test_importing_fxprop_patches_nothing():
-    code = ("import torch, torch._meta_registrations as m; hint = m.device_hint; import fxprop; "
-            "assert m.device_hint is hint, 'patched on import'; "
+    code = ("import torch, torch._meta_registrations as m; hint = m.device_hint; "
+            "from torch.fx.experimental.symbolic_shapes import ShapeEnv; evaluate = ShapeEnv._evaluate_expr; "
+            "dropout = dict(torch.ops.aten.dropout.default.py_kernels); import fxprop; "
+            "assert m.device_hint is hint and ShapeEnv._evaluate_expr is evaluate, 'patched on import'; "
+            "assert torch.ops.aten.dropout.default.py_kernels == dropout, 'patched on import'; "
             "gm = torch.fx.symbolic_trace(lambda x: x + 1); fxprop.propagate(gm, torch.ones(2)); "
-            "assert m.device_hint is not hint, 'the first propagate installs the hint'")
+            "assert m.device_hint is not hint, 'the first propagate installs the hint'; "
+            "assert ShapeEnv._evaluate_expr is not evaluate, 'and the evaluation of open relations'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

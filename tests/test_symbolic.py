@@ -418,6 +418,181 @@ def test_an_op_with_no_symbolic_rule_names_the_op_and_the_input():
     assert output_shape(gm) == (2, 3)
 
 
+# --- item 7: relations torch's ranges leave open -------------------------------------------
+
+def check_at_sizes(gm: torch.fx.GraphModule, shape: tuple, sizes: list) -> None:
+    """At each size (a dict of dim names to ints): where the assumptions hold, every node's shape is
+    the real one (`check_substitution`); where they do not, real execution refuses the input too."""
+    for values in sizes:
+        bindings = {symbolic.user_symbol(name): value for name, value in values.items()}
+        real_input = torch.randn(*(values.get(dim, dim) for dim in shape))
+        if all(bool(assumption.subs(bindings)) for assumption in gm.meta["fxprop"]["assumptions"]):
+            check_substitution(gm, bindings, (real_input,))
+        else:
+            with pytest.raises(RuntimeError):
+                real_values(gm, (real_input,))
+
+
+def _convolutions_then(pool: torch.nn.Module) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.Conv2d(8, 16, 3), pool)
+
+
+SIZES_2D = [{"H": h, "W": w} for h, w in ((5, 5), (6, 7), (7, 16), (16, 17), (17, 6), (2, 3), (3, 4))]
+CEIL_MODE_POOLS = {
+    "MaxPool2d": (torch.nn.MaxPool2d(3, 2, ceil_mode=True), (1, 3, "H", "W")),
+    "MaxPool2d, padding, dilation": (torch.nn.MaxPool2d(3, 2, padding=1, dilation=2, ceil_mode=True), (1, 3, "H", "W")),
+    "AvgPool2d": (torch.nn.AvgPool2d(3, 2, ceil_mode=True), (1, 3, "H", "W")),
+    "AvgPool2d, padding": (torch.nn.AvgPool2d(3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+                           (1, 3, "H", "W")),
+    "convolutions, MaxPool2d": (_convolutions_then(torch.nn.MaxPool2d(3, 2)), (1, 3, "H", "W")),
+    "convolutions, MaxPool2d ceil_mode": (_convolutions_then(torch.nn.MaxPool2d(3, 2, ceil_mode=True)), (1, 3, "H", "W")),
+    "convolutions, AvgPool2d ceil_mode": (_convolutions_then(torch.nn.AvgPool2d(3, 2, ceil_mode=True)), (1, 3, "H", "W")),
+    "MaxPool1d with indices": (torch.nn.MaxPool1d(3, 2, ceil_mode=True, return_indices=True), (2, 3, "H")),
+    "AvgPool1d": (torch.nn.AvgPool1d(3, 2, ceil_mode=True), (2, 3, "H")),
+    "MaxPool3d": (torch.nn.MaxPool3d(3, 2, ceil_mode=True), (1, 2, "H", "W", 5)),
+    "AvgPool3d": (torch.nn.AvgPool3d(3, 2, ceil_mode=True), (1, 2, "H", 4, "W")),
+}
+
+
+@pytest.mark.parametrize("name", CEIL_MODE_POOLS)
+def test_ceil_mode_pooling_on_named_dims_decides_its_last_window_check(name):
+    """ceil_mode's "the last window starts inside the input" check, ``2*floor(H/2) - 2 >= H`` for
+    MaxPool2d(3, 2), is false for every integer H, though torch's ranges cannot tell."""
+    model, shape = CEIL_MODE_POOLS[name]
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(model) if not isinstance(model, torch.nn.Sequential) else model)
+    fxprop.propagate(gm, TensorSpec(shape))
+    check_at_sizes(gm, shape, SIZES_2D)
+
+
+def test_the_issues_max_pool_gives_floor_of_half_and_assumes_a_window_fits():
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.MaxPool2d(3, 2, ceil_mode=True)))
+    fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+    assert output_shape(gm) == (1, 3, sympy.floor(H / 2), sympy.floor(W / 2))
+    [fits] = gm.meta["fxprop"]["assumptions"]  # a window fits: H, W >= 2
+    assert all(bool(fits.subs({H: h, W: w})) == (h >= 2 and w >= 2) for h in range(1, 5) for w in range(1, 5))
+
+
+def test_a_relation_whose_truth_depends_on_the_size_stays_refused():
+    pool = torch.nn.MaxPool2d(4, 3, padding=2, ceil_mode=True)  # the last window fits iff 3 divides H + 2
+    relation = 3 * sympy.floor((H + 2) / 3) >= H + 2
+    assert {bool(relation.subs(H, h)) for h in (4, 5)} == {True, False}
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(pool))
+    with pytest.raises(fxprop.DataDependentError, match=r"decide whether 3\*floor\(H/3 \+ 2/3\) >= H \+ 2"):
+        fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+
+
+class _CropToDownsampled(torch.nn.Module):
+    """A U-Net style crop: the skip input cut to the size of its downsampled self."""
+    def __init__(self):
+        super().__init__()
+        self.down = torch.nn.Conv2d(3, 3, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = self.down(x)
+        return x[:, :, :y.shape[2], :y.shape[3]] * y
+
+
+@torch.fx.wrap
+def _assume_taller(x, y):
+    torch._check(x.shape[2] >= y.shape[2] + 2)
+    return x
+
+
+class _CropToSmaller(torch.nn.Module):
+    def __init__(self, taller: bool):
+        super().__init__()
+        self.taller = taller
+
+    def forward(self, x, y):
+        if self.taller:
+            x = _assume_taller(x, y)
+        return x[:, :, :y.shape[2]] * y
+
+
+G = sympy.Symbol("G", integer=True, positive=True)
+
+
+def test_a_crop_decides_its_bound_from_the_ranges_and_from_what_was_assumed_before():
+    """Slicing to another size branches on ``end > size``: ``floor((H - 1)/2) + 1 > H`` is false
+    for every H; ``G > H`` is false after the run assumed ``G + 2 <= H``, and open without it."""
+    gm = torch.fx.symbolic_trace(_CropToDownsampled())
+    fxprop.propagate(gm, TensorSpec((1, 3, "H", "W")))
+    assert output_shape(gm) == (1, 3, sympy.floor((H - 1) / 2) + 1, sympy.floor((W - 1) / 2) + 1)
+    check_at_sizes(gm, (1, 3, "H", "W"), SIZES_2D)
+
+    gm = torch.fx.symbolic_trace(_CropToSmaller(taller=True))
+    fxprop.propagate(gm, TensorSpec((1, 3, "H", 4)), TensorSpec((1, 3, "G", 4)))
+    assert output_shape(gm) == (1, 3, G, 4) and gm.meta["fxprop"]["assumptions"] == [G + 2 <= H]
+    for h, g in ((5, 3), (9, 2), (16, 14)):
+        check_substitution(gm, {H: h, G: g}, (torch.randn(1, 3, h, 4), torch.randn(1, 3, g, 4)))
+
+    gm = torch.fx.symbolic_trace(_CropToSmaller(taller=False))
+    with pytest.raises(fxprop.DataDependentError, match="decide whether G > H"):
+        fxprop.propagate(gm, TensorSpec((1, 3, "H", 4)), TensorSpec((1, 3, "G", 4)))
+
+
+def test_an_exported_ceil_mode_pooling_chain_still_propagates():
+    model = _convolutions_then(torch.nn.MaxPool2d(3, 2, ceil_mode=True))
+    auto = torch.export.Dim.AUTO
+    program = torch.export.export(model, (torch.randn(1, 3, 32, 32),), dynamic_shapes=({2: auto, 3: auto},))
+    fxprop.propagate(program, TensorSpec((1, 3, "H", "W")))
+    shape = shape_of(list(program.graph.nodes)[-2])
+    for h, w in ((7, 7), (8, 16), (16, 17), (33, 9)):
+        real = model(torch.randn(1, 3, h, w)).shape
+        assert tuple(int(sympy.sympify(size).subs({H: h, W: w})) for size in shape) == tuple(real)
+
+
+# --- item 8: layouts with symbolic sizes ----------------------------------------------------
+
+def check_strides(gm: torch.fx.GraphModule, bindings: dict, inputs: tuple) -> None:
+    """Every tensor node's symbolic strides, with ``bindings`` substituted, are the real ones where
+    they address memory (a size-1 dim's stride addresses nothing)."""
+    for node, value in real_values(gm, inputs).items():
+        if not isinstance(value, torch.Tensor) or not value.numel():
+            continue
+        got = node.meta["val"]
+        shape, stride = ([int(sympy.sympify(size).subs(bindings)) for size in symbolic.user_shape(sizes)]
+                         for sizes in (got.shape, got.stride()))
+        assert shape == list(value.shape), (node, shape, value.shape)
+        assert [s for s, n in zip(stride, shape) if n != 1] == \
+            [s for s, n in zip(value.stride(), value.shape) if n != 1], (node, stride, value.stride())
+
+
+_NO_OP_LAYOUTS = {
+    "expanded": lambda x: x.unsqueeze(1).expand(-1, 3, -1),
+    "permuted": lambda x: x.unsqueeze(2).expand(-1, -1, 2).permute(2, 0, 1),
+    "size-1 dims": lambda x: x.unsqueeze(0).unsqueeze(2),
+    "sliced": lambda x: x[:, ::2],
+}
+
+
+class _NoOps(torch.nn.Module):
+    """Ops that return their input, a view of it or a copy laid out like it, on a layout of ``x``."""
+    def __init__(self, layout: str):
+        super().__init__()
+        self.layout = layout
+
+    def forward(self, x):
+        y = _NO_OP_LAYOUTS[self.layout](x)
+        return (F.dropout(y, 0.1, training=False), F.dropout(y, 0.1, training=False).to(torch.float16),
+                F.dropout(y, 0.0), y.clone(), torch.clone(y, memory_format=torch.preserve_format),
+                torch.ops.aten.alias.default(y), y.contiguous(), y.to(torch.float32), y.type_as(x), y.detach())
+
+
+@pytest.mark.parametrize("layout", _NO_OP_LAYOUTS)
+def test_no_op_ops_and_views_keep_their_inputs_strides_with_symbolic_sizes(layout):
+    """torch's python kernel of dropout (run under the python dispatcher, as with symbolic sizes)
+    clones where ATen returns the input itself; an expanded input came out (96, 32, 1), not (32, 0, 1)."""
+    model = _NoOps(layout)
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec(("B", 32)))
+    program = torch.export.export(model, (torch.randn(4, 32),), dynamic_shapes=({0: torch.export.Dim("b")},))
+    fxprop.propagate(program, TensorSpec(("B", 32)))
+    for b in (2, 3, 5):
+        check_strides(gm, {B: b}, (torch.randn(b, 32),))
+        check_strides(program.graph_module, {B: b}, (torch.randn(b, 32),))
+
+
 # --- the symbolic module ------------------------------------------------------------------
 
 def test_resolve_definitely_equal_and_broadcast_shapes():
@@ -500,3 +675,22 @@ def test_pooling_after_a_chain_of_convolutions_with_named_dims():
         real = model(torch.randn(1, 3, h, w)).shape
         sizes = {symbolic.user_symbol("H"): h, symbolic.user_symbol("W"): w}
         assert tuple(int(sympy.sympify(d).subs(sizes)) for d in shape) == tuple(real)
+
+
+def test_decide_proves_and_refutes_over_the_integers_and_leaves_the_rest_open():
+    from fxprop.symbolic.deciding import decide
+
+    def positive(symbol):
+        return 1, None
+    floor, ceiling = sympy.floor, sympy.ceiling
+    assert decide(2 * floor(H / 2) - 2 >= H, positive) is False
+    assert decide(2 * floor(floor((H - 1) / 2) / 2 - sympy.Rational(3, 2)) >= floor((H - 1) / 2) - 1, positive) is False
+    assert decide(2 * ceiling(H / 2) >= H, positive) is True and decide(sympy.Mod(H, 4) < 4, positive) is True
+    assert decide(sympy.Max(1, H) >= H, positive) is True and decide(B * T >= 1, positive) is True
+    assert decide(sympy.Eq(sympy.Mod(H, 2), 0), positive) is None and decide(B * T >= 2, positive) is None
+    assert decide(floor((H - 3) / 2) >= 0, positive) is None
+    assert decide(floor((H - 3) / 2) >= 0, positive, [floor((H - 1) / 2) >= 1]) is True  # a fact it follows from
+    assert decide(sympy.Gt(G, H), positive, [sympy.And(G + 2 <= H, B > 1)]) is False
+    assert decide(sympy.Eq(H, W), lambda symbol: (3, 3)) is True
+    assert decide(H >= 2, positive, [H < 1]) is None  # contradictory facts decide nothing
+    assert decide(sympy.Symbol("x") > 0, positive) is None  # not an integer

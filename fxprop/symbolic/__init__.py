@@ -7,8 +7,10 @@ decompositions (run under the python dispatcher, which holds their symbolic vers
 Every symbol is *unbacked*: it has bounds but no example value, so no hint can leak into a
 result. When a kernel must branch on a size it cannot decide from the bounds it either
 takes the branch that is valid in general and records the condition with ``torch._check``
-(these deferred runtime asserts are the *assumptions* fxprop returns), or raises; fxprop
-then names the op and its symbolic inputs instead of guessing.
+(these deferred runtime asserts are the *assumptions* fxprop returns), or raises. Before it
+raises, fxprop decides the relation over the integers where it has one truth for every size
+that satisfies the ranges and the assumptions (`deciding`: ``2*floor(H/2) - 2 >= H`` is never
+true); otherwise fxprop names the op and its symbolic inputs instead of guessing.
 
 One exception to torch's choices: where a pointwise op's broadcast cannot be decided, torch
 takes the non-broadcasting path and assumes ``B == C``; fxprop assumes only what broadcasting

@@ -11,6 +11,7 @@ import torch
 
 from .. import torch_compat
 from ..errors import InputError, InternalError, UnsupportedError
+from . import deciding
 from .dims import SymbolInfo, _as_user_symbol, _parse
 
 MAX_EXPR_OPS = 256
@@ -38,6 +39,7 @@ class SymbolicSession:
         self._made: set = set()  # the backed symbols `_backed_symint` made
         self._assumed_before: tuple[int, set] = (0, set())  # guards and asserts the ShapeEnv held before
         self._held_apart: list = []  # decisions taken in a caller's ShapeEnv, kept out of it
+        self._decided: dict = {}  # relation -> (facts then, what `decide` found)
 
     def start(self):
         if self is _INACTIVE:
@@ -219,6 +221,30 @@ class SymbolicSession:
         self.to_user[internal] = symbol
         self.infos[internal] = SymbolInfo(symbol, lower, upper, None, kind)
         self.fresh.append(internal)
+
+    def decide(self, relation: Any) -> bool | None:
+        """Whether ``relation`` (in the ShapeEnv's symbols) holds for every value of its sizes
+        within their ranges that satisfies what the ShapeEnv holds (its guards, its deferred
+        runtime asserts, its replacements, and what this run decided apart from a caller's ShapeEnv):
+        True, False, or None where it depends on the values. Asked where torch's static evaluation
+        leaves a relation open (`deciding`)."""
+        env = self.env
+        facts_now = (len(env.guards), env.num_deferred_runtime_asserts, len(env.replacements), len(self._held_apart))
+        known = self._decided.get(relation)
+        if known is not None and (known[1] is not None or known[0] == facts_now):
+            return known[1]  # a decision stays true as facts grow; an open relation may close
+        facts = [_plain(guard.expr) for guard in env.guards]
+        facts += [_plain(entry.expr) for entries in env.deferred_runtime_asserts.values() for entry in entries]
+        facts += [sympy.Eq(symbol, _plain(value)) for symbol, value in env.replacements.items()]
+        facts += [_plain(decision) for decision in self._held_apart]
+        ranges = env.var_to_range
+
+        def bounds(symbol: sympy.Symbol) -> tuple:
+            found = ranges.get(symbol)
+            return (found.lower, found.upper) if found is not None else (None, None)
+        decided = deciding.decide(_plain(env.simplify(relation)), bounds, facts)
+        self._decided[relation] = (facts_now, decided)
+        return decided
 
     def symbol_count(self) -> int:
         """How many symbols the ShapeEnv holds (a call that changes it created some)."""
