@@ -260,6 +260,20 @@ CASES = {
     "frexp into an expanded mantissa": (torch.frexp, (torch.randn(3),),
                                         dict(out=(torch.zeros(1).expand(3), torch.zeros(3, dtype=torch.int32)))),
     "fill_ of an expanded tensor": ("fill_", (torch.zeros(1).expand(3), 1.0), {}),
+    # kernels that are not TensorIterator's decide for themselves (fuzzer findings: the host's kernel is asked)
+    "masked_fill_ of an expanded tensor (the CPU kernel warns and writes)": (
+        "masked_fill_", (torch.zeros(1, 4).expand(3, 4), torch.rand(3, 4) > 0.5, 1.0), {}),
+    "addmm_ into an expanded tensor": ("addmm_", (torch.zeros(1, 4).expand(3, 4), torch.randn(3, 2), torch.randn(2, 4)),
+                                       {}),
+    "addbmm_ into an expanded tensor": (
+        "addbmm_", (torch.zeros(4).expand(3, 4), torch.randn(2, 3, 5), torch.randn(2, 5, 4)), {}),
+    "scatter_ into an expanded tensor": (
+        "scatter_", (torch.zeros(4).expand(3, 4), 0, torch.zeros(1, 4, dtype=torch.int64), 1.0), {}),
+    "index_add_ into an expanded tensor": (
+        "index_add_", (torch.zeros(4).expand(3, 4), 0, torch.tensor([1]), torch.ones(1, 4)), {}),
+    "masked_scatter_ into an expanded tensor": (
+        "masked_scatter_", (torch.zeros(4).expand(3, 4), torch.ones(3, 4, dtype=torch.bool), torch.ones(12)), {}),
+    "index_fill_ of an expanded tensor": ("index_fill_", (torch.zeros(4).expand(3, 4), 0, torch.tensor([1]), 2.0), {}),
     "copy_ of a number (fuzzer finding: the FBGEMM test read its dtype)": ("copy_", (torch.zeros(()), 0), {}),
     "copy_ of a number into float16": ("copy_", (torch.zeros(3, dtype=torch.float16), 2), {}),
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
@@ -289,6 +303,7 @@ CASES = {
 
 
 @pytest.mark.filterwarnings("ignore:masked_scatter_ received a mask with dtype torch.uint8")
+@pytest.mark.filterwarnings("ignore:Use of masked_fill_ on expanded tensors is deprecated")
 @pytest.mark.parametrize("name", CASES)
 def test_fxprop_refuses_exactly_where_real_execution_does(name):
     target, args, kwargs = CASES[name]

@@ -9,6 +9,8 @@ the result would be, computed on meta before the in-place kernel runs.
 
 TensorIterator also refuses to write into a tensor some of whose elements share memory (an
 ``expand``ed tensor): every elementwise in-place op, ``copy_`` and elementwise ``out=`` calls.
+Other kernels decide for themselves; where a call writes into such a tensor, the host's kernel
+is asked (`host_writes`), and its answer stands in for TensorIterator's rule.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from typing import Any
 import torch
 
 from ..call import tensors_in
+from ..errors import PropagationError
 from ..engine.session import node_device
 from ..kinds.direct import direct_result
+from .host_writes import CannotAsk, host_refusal_of_write
 from ..torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
                             overload_name, pytree, scalar_type_name, schema_of, storage_key)
 
@@ -57,7 +61,8 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
 
 def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Refuse an in-place call whose result would not fit ``self`` as real kernels refuse it."""
-    check_no_overlapping_write(op, args, kwargs)
+    if not _host_writes_overlapping(op, args, kwargs):
+        check_no_overlapping_write(op, args, kwargs)
     twin = functional_twin(op)
     if twin is None or not args or not isinstance(args[0], torch.Tensor):
         return
@@ -142,6 +147,24 @@ def _out_form_of_pointwise(op: OpOverload) -> bool:
     return any(torch.Tag.pointwise in overload.tags and not schema_of(overload).is_mutable
                and [(a.name, str(a.type)) for a in schema_of(overload).arguments] == inputs
                for overload in (getattr(packet, name) for name in packet.overloads()))
+
+
+def _host_writes_overlapping(op: OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Where the call writes into a tensor whose elements share memory, the host kernel's answer
+    (`host_writes`): raise its refusal, or True where it writes; False where it cannot tell."""
+    if not schema_of(op).is_mutable:
+        return False
+    written = written_arguments(op, args, kwargs)
+    if not any(not has_symbolic_layout(tensor) and internal_overlap(tensor) == 1 for tensor in written):
+        return False
+    try:
+        refusal = host_refusal_of_write(op, args, kwargs)
+    except CannotAsk:
+        return False
+    if refusal is not None:
+        error_type, message = refusal
+        raise PropagationError(message, error_type=error_type)
+    return True
 
 
 def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
