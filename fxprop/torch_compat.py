@@ -347,6 +347,11 @@ def overload_for_call(packet: OpOverloadPacket, args: tuple, kwargs: dict) -> Op
     return getattr(packet, name)
 
 
+def is_unbacked_symbol(symbol: Any) -> bool:
+    """Whether ``symbol`` is a data-dependent size (``u0``) rather than an input's (``s0``)."""
+    return bool(_symbolic_shapes.free_unbacked_symbols(symbol))
+
+
 def evaluate_statically(shape_env: ShapeEnv, expr: Any) -> Any:
     """What ``shape_env`` can decide about ``expr`` from its ranges alone, or None."""
     return shape_env._maybe_evaluate_static(expr)

@@ -694,3 +694,25 @@ def test_decide_proves_and_refutes_over_the_integers_and_leaves_the_rest_open():
     assert decide(sympy.Eq(H, W), lambda symbol: (3, 3)) is True
     assert decide(H >= 2, positive, [H < 1]) is None  # contradictory facts decide nothing
     assert decide(sympy.Symbol("x") > 0, positive) is None  # not an integer
+
+
+@pytest.mark.parametrize("fn, needs", [
+    (lambda x: x.nonzero().select(0, 0), sympy.Gt(U0, 0)),       # an index in range of u0 rows
+    (lambda x: torch.cummax(x[x > 0], 0)[0], sympy.Ne(U0, 0)),    # the kernel's non-empty path
+    (lambda x: x[x > 0].unsqueeze(1) * x[:3], None),  # (u0, 1) by (3,): broadcasting u0 against 1
+], ids=["select-first-row", "cummax", "broadcast"])
+def test_data_dependent_sizes_are_decided_size_obliviously_and_the_decision_is_assumed(fn, needs):
+    """torch's rule for a data-dependent size: neither 0 nor 1, the path a real kernel takes for
+    any larger size. The decision is an assumption; wherever it holds, real execution agrees."""
+    gm = traced(fn, "x")
+    fxprop.propagate(gm, TensorSpec((6,)))
+    if needs is not None:
+        assert needs in gm.meta["fxprop"]["assumptions"]
+    for values in (torch.tensor([0., 1., 2., 0., 3., 0.]), torch.tensor([0., 0., 0., 0., 5., 0.]), torch.ones(6)):
+        check_substitution(gm, {}, (values,))
+
+
+def test_a_data_dependent_size_whose_answer_depends_on_its_value_stays_refused():
+    gm = traced(lambda x: torch.tensor_split(x[x > 0], 2)[0], "x")  # (u0 + 1) // 2 rows: Mod(u0, 2) decides
+    with pytest.raises(fxprop.DataDependentError):
+        fxprop.propagate(gm, TensorSpec((6,)))

@@ -227,7 +227,14 @@ class SymbolicSession:
         within their ranges that satisfies what the ShapeEnv holds (its guards, its deferred
         runtime asserts, its replacements, and what this run decided apart from a caller's ShapeEnv):
         True, False, or None where it depends on the values. Asked where torch's static evaluation
-        leaves a relation open (`deciding`)."""
+        leaves a relation open (`deciding`).
+
+        Where that depends on the values of data-dependent sizes (``nonzero``'s ``u0``), torch's
+        size-oblivious rule decides: a data-dependent size is taken to be neither 0 nor 1, the
+        generic path a real kernel takes for any larger size (``expand`` does not broadcast a
+        ``u0``, ``select(0)`` of ``u0`` rows is in range). The decision is asserted, as
+        ``torch._check`` asserts, and listed with the run's assumptions: the result is right
+        wherever it holds."""
         env = self.env
         facts_now = (len(env.guards), env.num_deferred_runtime_asserts, len(env.replacements), len(self._held_apart))
         known = self._decided.get(relation)
@@ -238,12 +245,33 @@ class SymbolicSession:
         facts += [sympy.Eq(symbol, _plain(value)) for symbol, value in env.replacements.items()]
         facts += [_plain(decision) for decision in self._held_apart]
         ranges = env.var_to_range
+        plain = _plain(env.simplify(relation))
 
         def bounds(symbol: sympy.Symbol) -> tuple:
             found = ranges.get(symbol)
             return (found.lower, found.upper) if found is not None else (None, None)
-        decided = deciding.decide(_plain(env.simplify(relation)), bounds, facts)
+        decided = deciding.decide(plain, bounds, facts)
+        if decided is None:
+            decided = self._decide_size_obliviously(relation, plain, bounds, facts)
         self._decided[relation] = (facts_now, decided)
+        return decided
+
+    def _decide_size_obliviously(self, relation: Any, plain: Any, bounds: Any, facts: list) -> bool | None:
+        env = self.env
+        oblivious = {symbol for symbol in relation.free_symbols
+                     if symbol in env.size_like and torch_compat.is_unbacked_symbol(symbol)}
+        if not oblivious:
+            return None
+
+        def at_least_two(symbol: sympy.Symbol) -> tuple:
+            lower, upper = bounds(symbol)
+            if symbol in oblivious:
+                lower = 2 if lower is None or lower < 2 else lower
+            return lower, upper
+        decided = deciding.decide(plain, at_least_two, facts)
+        if decided is not None:
+            env.guard_or_defer_runtime_assert(relation if decided else sympy.Not(relation),
+                                              "fxprop: size-oblivious, as torch decides a data-dependent size")
         return decided
 
     def symbol_count(self) -> int:
