@@ -274,6 +274,35 @@ CASES = {
     "cumsum of ints (its CPU kernel has an integer form)": (torch.cumsum, (torch.ones(2, 3, dtype=torch.int64), 1),
                                                             {}),
     "cat of bools": (torch.cat, ([torch.ones(2, dtype=torch.bool), torch.zeros(3, dtype=torch.bool)],), {}),
+    # index, target and sorter tensors narrower than int64, which some CPU kernels refuse and others take
+    "searchsorted with an int32 sorter": (torch.searchsorted, (torch.arange(10.0), torch.randn(3)),
+                                          dict(sorter=torch.arange(10, dtype=torch.int32))),
+    "searchsorted with an int64 sorter": (torch.searchsorted, (torch.arange(10.0), torch.randn(3)),
+                                          dict(sorter=torch.arange(10))),
+    "put with an int32 index": (torch.put, (torch.randn(10), torch.tensor([1, 2], dtype=torch.int32), torch.randn(2)), {}),
+    "put with a uint8 index": (torch.put, (torch.randn(10), torch.tensor([1, 2], dtype=torch.uint8), torch.randn(2)), {}),
+    "put": (torch.put, (torch.randn(10), torch.tensor([1, 2]), torch.randn(2)), {}),
+    "take with an int32 index": (torch.take, (x34, torch.tensor([0, 1], dtype=torch.int32)), {}),
+    "nll_loss with an int32 target": (F.nll_loss, (torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)), {}),
+    "cross_entropy with an int32 target": (F.cross_entropy, (torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)),
+                                           {}),
+    "nll_loss": (F.nll_loss, (torch.randn(3, 5), torch.tensor([1, 2, 3])), {}),
+    "multi_margin_loss with an int32 target": (F.multi_margin_loss, (x34, torch.tensor([0, 1, 2], dtype=torch.int32)), {}),
+    "index_fill with an int32 index (IndexError)": (torch.index_fill, (x34, 0, torch.tensor([0, 1], dtype=torch.int32), 1.0),
+                                                    {}),
+    "index_add with an int16 index": (torch.index_add, (x34, 0, torch.tensor([0, 1], dtype=torch.int16), torch.ones(2, 4)),
+                                      {}),
+    "max_unpool1d with int32 indices": (F.max_unpool1d, (torch.randn(1, 1, 2), torch.tensor([[[0, 1]]], dtype=torch.int32),
+                                                         2), {}),
+    "gather with an int32 index (its CPU kernel takes int32)": (torch.gather, (x34, 0, torch.zeros(2, 4, dtype=torch.int32)),
+                                                                {}),
+    "embedding with int32 indices": (F.embedding, (torch.tensor([0, 1], dtype=torch.int32), x34), {}),
+    "scatter with an int32 index": (torch.scatter, (x34, 0, torch.zeros(2, 4, dtype=torch.int32), 1.0), {}),
+    "bucketize by int32 boundaries": (torch.bucketize, (torch.randn(3), torch.arange(4, dtype=torch.int32)), {}),
+    # inputs of dtypes a CPU pooling or sampling kernel is not compiled for
+    "grid_sample of uint8": (F.grid_sample, (torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.rand(1, 2, 2, 2)),
+                             dict(align_corners=False)),
+    "grid_sample": (F.grid_sample, (torch.randn(1, 1, 4, 4), torch.rand(1, 2, 2, 2)), dict(align_corners=False)),
     # in-place ops whose functional twin has another overload name (fuzzer finding: accepted)
     "floor_divide_ broadcasting self to a bigger shape": (
         torch.ops.aten.floor_divide_.Tensor, (torch.rand(5, 5) + 1, torch.rand(2, 5, 5) + 1), {}),
@@ -414,3 +443,34 @@ def test_in_place_refusals_are_the_same_when_the_result_dtype_is_remembered(name
             with pytest.raises(fxprop.PropagationError) as caught:
                 fxprop.propagate(gm, a.clone(), b)
             assert caught.value.error_type is real_error
+
+
+def test_a_uint8_mask_of_unknown_values_is_not_judged_as_an_index():
+    """A uint8 tensor among index_put's indices is a mask: its zero stand-ins select nothing, so five
+    values do not fit, where int64 zeros select five elements. The refusal is the stand-ins' values',
+    never the node's (real execution with a mask of five ones accepts)."""
+    def put_by_mask(x, mask, values):
+        return torch.ops.aten.index_put(x, [mask], values)
+    expected = put_by_mask(torch.zeros(5), torch.ones(5, dtype=torch.uint8), torch.ones(5))
+    gm = torch.fx.symbolic_trace(put_by_mask)
+    out = fxprop.propagate(gm, fxprop.TensorSpec((5,)), fxprop.TensorSpec((5,), dtype=torch.uint8),
+                           fxprop.TensorSpec((5,)), cache=False)
+    assert (out.shape, out.dtype, out.stride()) == (expected.shape, expected.dtype, expected.stride())
+
+
+def test_calls_with_int64_indices_are_not_asked_of_the_host(monkeypatch):
+    """The index family is asked only for narrower integer dtypes: int64 indices, the common case,
+    cost no call of a host kernel."""
+    from fxprop.aten import host_dtypes
+    asked = []
+    ask = host_dtypes._ask_the_host
+    monkeypatch.setattr(host_dtypes, "_ask_the_host", lambda op, *rest: asked.append(op) or ask(op, *rest))
+
+    def indexing(weight, ids, target):
+        rows = F.embedding(ids, weight)
+        picked = torch.gather(weight, 0, ids.view(-1, 1).expand(-1, 4))
+        loss = F.nll_loss(weight[:3], target)
+        return rows, picked, loss, torch.take(weight, ids), torch.index_select(weight, 1, ids)
+    inputs = (torch.randn(5, 4), torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2]))
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(indexing), *inputs)
+    assert asked == []
