@@ -303,6 +303,16 @@ CASES = {
     "grid_sample of uint8": (F.grid_sample, (torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.rand(1, 2, 2, 2)),
                              dict(align_corners=False)),
     "grid_sample": (F.grid_sample, (torch.randn(1, 1, 4, 4), torch.rand(1, 2, 2, 2)), dict(align_corners=False)),
+    # a CompositeImplicitAutograd op whose CPU kernel is its own, not its parts' (max_pool2d takes ints)
+    "max_pool1d of uint8": (F.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.uint8), 2), {}),
+    "max_pool1d of int64": (torch.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.int64), 2), {}),
+    "max_pool1d of bools, strided": (F.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.bool), 3), dict(stride=1, padding=1)),
+    "MaxPool1d of int32": (torch.nn.MaxPool1d(2), (torch.zeros(2, 3, 8, dtype=torch.int32),), {}),
+    "MaxPool1d": (torch.nn.MaxPool1d(2), (torch.randn(2, 3, 8),), {}),
+    "max_pool1d of float16": (F.max_pool1d, (torch.randn(2, 3, 8).half(), 2), {}),
+    "max_pool2d of uint8 (its CPU kernel takes integers)": (F.max_pool2d, (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), 2),
+                                                             {}),
+    "one_hot of int32": (F.one_hot, (torch.zeros(3, dtype=torch.int32), 4), {}),
     # in-place ops whose functional twin has another overload name (fuzzer finding: accepted)
     "floor_divide_ broadcasting self to a bigger shape": (
         torch.ops.aten.floor_divide_.Tensor, (torch.rand(5, 5) + 1, torch.rand(2, 5, 5) + 1), {}),
