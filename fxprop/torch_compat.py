@@ -429,9 +429,24 @@ def _enters_dual_level(gm: torch.fx.GraphModule) -> bool:
     return any(node.target in (_enter_dual_level, torch._C._enter_dual_level) for node in gm.graph.nodes)
 
 
-def autograd_modes(gm: torch.fx.GraphModule) -> AutogradModes:
+_dual_level_turn = threading.RLock()
+
+
+@contextlib.contextmanager
+def dual_level_turn(gm: torch.fx.GraphModule):
+    """Forward-AD levels are process-wide (torch has one open at a time), so propagations of graphs
+    that enter one take turns: two threads propagating jvp graphs at once would otherwise refuse
+    each other ("Nested forward mode AD is not supported"). Yields whether ``gm`` enters one."""
+    if not _enters_dual_level(gm):
+        yield False
+        return
+    with _dual_level_turn:
+        yield True
+
+
+def autograd_modes(enters_dual_level: bool) -> AutogradModes:
     free = None
-    if _enters_dual_level(gm):  # forward-AD levels are process-wide: asked only of graphs that enter one
+    if enters_dual_level:  # forward-AD levels are process-wide: asked only of graphs that enter one
         try:
             free = torch._C._enter_dual_level()
             torch._C._exit_dual_level(level=free)
