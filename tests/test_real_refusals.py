@@ -88,6 +88,64 @@ def bernoulli_by_overlapping_probabilities(b):
     return b[0:4].bernoulli_(b[2:6].clamp(0, 1))
 
 
+# Writes into out= (or self) that an input overlaps, in kernels that are not elementwise: each
+# kernel chooses its own checks.
+def cat_into_an_overlapping_out(b):
+    return torch.cat([b[0:4], b[4:8]], out=b[2:10])
+
+
+def cat_into_its_own_input(b):
+    return torch.cat([b[0:4]], out=b[0:4])
+
+
+def index_select_into_an_expanded_out(b):
+    return torch.index_select(b[0:8], 0, torch.tensor([0, 1, 2]), out=b[20:21].expand(3))
+
+
+def mm_into_an_overlapping_out(b):
+    return torch.mm(b[0:4].view(2, 2), b[4:8].view(2, 2), out=b[2:6].view(2, 2))
+
+
+def mm_into_an_expanded_out(b):
+    return torch.mm(b[0:4].view(2, 2), b[4:8].view(2, 2), out=b[20:22].view(1, 2).expand(2, 2))
+
+
+def addmm_into_an_overlapping_out(b):
+    return torch.addmm(b[0:4].view(2, 2), b[4:8].view(2, 2), b[8:12].view(2, 2), out=b[2:6].view(2, 2))
+
+
+def sum_into_an_overlapping_out(b):
+    return torch.sum(b[0:8].view(2, 4), 1, out=b[7:9])
+
+
+def cumsum_into_an_overlapping_out(b):
+    return torch.cumsum(b[0:8], 0, out=b[4:12])
+
+
+def sort_into_an_overlapping_out(b):
+    return torch.sort(b[0:8], out=(b[4:12], torch.empty(8, dtype=torch.long)))
+
+
+def index_add_of_a_source_inside_self(b):
+    return b[0:8].index_add_(0, torch.tensor([0, 1]), b[6:8])
+
+
+def put_of_values_inside_self(b):
+    return b[0:8].put_(torch.tensor([0, 1]), b[6:8])
+
+
+def masked_scatter_of_a_source_overlapping_self(b):
+    return b[0:8].masked_scatter_(torch.ones(8, dtype=torch.bool), b[4:12])
+
+
+def clone_into_a_shifted_out(b):
+    return torch.ops.aten.clone.out(b[0:8], out=b[4:12])
+
+
+def div_by_a_number_into_a_shifted_out(b):
+    return torch.ops.aten.div.Scalar_out(b[0:8], 2.0, out=b[4:12])
+
+
 CASES = {
     # convolution parameters (ATen's check_shape_forward)
     "conv2d negative padding": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=-1)),
@@ -265,6 +323,25 @@ CASES = {
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
     "abs_ of an expanded tensor": ("abs_", (torch.zeros(1).expand(3),), {}),
     "conj_physical_ of an expanded real tensor": ("conj_physical_", (torch.zeros(1).expand(3),), {}),
+    # an out= (or self) that an input overlaps, in kernels that are not elementwise (asked of the host)
+    "cat into an out= overlapping its inputs": (cat_into_an_overlapping_out, (torch.randn(40),), {}),
+    "cat into an out= that is its input": (cat_into_its_own_input, (torch.randn(40),), {}),
+    "index_select into an expanded out=": (index_select_into_an_expanded_out, (torch.randn(40),), {}),
+    "mm into an out= overlapping its inputs (mm does not check)": (mm_into_an_overlapping_out, (torch.randn(40),), {}),
+    "mm into an expanded out=": (mm_into_an_expanded_out, (torch.randn(40),), {}),
+    "addmm into an out= overlapping its inputs": (addmm_into_an_overlapping_out, (torch.randn(40),), {}),
+    "sum into an out= overlapping its input (sum does not check)": (sum_into_an_overlapping_out, (torch.randn(40),), {}),
+    "cumsum into an out= overlapping its input": (cumsum_into_an_overlapping_out, (torch.randn(40),), {}),
+    "sort into an out= overlapping its input": (sort_into_an_overlapping_out, (torch.randn(40),), {}),
+    "index_add_ of a source inside self": (index_add_of_a_source_inside_self, (torch.randn(40),), {}),
+    "index_add_ of a source inside self, in a large storage (the stand-ins span the views only)": (
+        index_add_of_a_source_inside_self, (torch.randn(1 << 20),), {}),
+    "put_ of values inside self": (put_of_values_inside_self, (torch.randn(40),), {}),
+    "masked_scatter_ of a source overlapping self (not checked)": (masked_scatter_of_a_source_overlapping_self,
+                                                                   (torch.randn(40),), {}),
+    # elementwise out= forms whose kernel is composite: computed, then copied, so never checked
+    "clone into a shifted out=": (clone_into_a_shifted_out, (torch.randn(40),), {}),
+    "div by a number into a shifted out=": (div_by_a_number_into_a_shifted_out, (torch.randn(40),), {}),
     # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
     "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
     "batch_norm of ints in inference (fuzzer finding)": (

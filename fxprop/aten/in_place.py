@@ -20,8 +20,9 @@ import torch
 from ..call import tensors_in
 from ..engine.session import node_device
 from ..kinds.direct import direct_result
-from ..torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
-                            overload_name, pytree, scalar_type_name, schema_of, storage_key)
+from ..torch_compat import (OpOverload, check, has_kernel, has_symbolic_layout, internal_overlap,
+                            is_non_overlapping_and_dense, overload_name, pytree, scalar_type_name, schema_of,
+                            storage_key)
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -144,8 +145,18 @@ def _out_form_of_pointwise(op: OpOverload) -> bool:
                for overload in (getattr(packet, name) for name in packet.overloads()))
 
 
+@lru_cache(maxsize=4096)
+def checked_before_the_meta_kernel(op: OpOverload) -> bool:
+    """Whether fxprop checks ``op``'s writes into overlapping memory itself, as TensorIterator does:
+    elementwise ops, ``copy_`` and random fills, but not an ``out=`` form whose kernel is composite
+    (``clone.out`` computes a new tensor, then copies it: nothing is checked; `host_overlap` asks)."""
+    if _out_form_of_pointwise(op) and not (has_kernel(op.name(), "CPU") or has_kernel(op.name(), "CUDA")):
+        return False
+    return is_elementwise(op) or op is aten.copy_.default or _fills_at_random(op)
+
+
 def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    if not (is_elementwise(op) or op is aten.copy_.default or _fills_at_random(op)):
+    if not checked_before_the_meta_kernel(op):
         return
     if op is aten.copy_.default and len(args) > 1 and _same_view(args[0], args[1]):
         return  # copy_ returns before it looks: nothing to write
