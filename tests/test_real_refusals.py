@@ -342,6 +342,22 @@ CASES = {
     # elementwise out= forms whose kernel is composite: computed, then copied, so never checked
     "clone into a shifted out=": (clone_into_a_shifted_out, (torch.randn(40),), {}),
     "div by a number into a shifted out=": (div_by_a_number_into_a_shifted_out, (torch.randn(40),), {}),
+    # out= forms whose python Meta kernel takes no out= argument (a TypeError): their composite out= kernel runs
+    "embedding_dense_backward into out=": (torch.ops.aten.embedding_dense_backward.out,
+                                           (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+                                           dict(out=torch.empty(4, 2))),
+    "embedding_dense_backward into an empty out= (resized)": (
+        torch.ops.aten.embedding_dense_backward.out, (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+        dict(out=torch.empty(0))),
+    "embedding_dense_backward into a float64 out=": (
+        torch.ops.aten.embedding_dense_backward.out, (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+        dict(out=torch.empty(4, 2, dtype=torch.float64))),
+    "_weight_norm_interface into out0= and out1=": (torch.ops.aten._weight_norm_interface.out,
+                                                    (torch.randn(3, 4), torch.randn(3, 1), 0),
+                                                    dict(out0=torch.empty(3, 4), out1=torch.empty(3, 1))),
+    "bucketize of a number into out=": (torch.ops.aten.bucketize.Scalar_out, (0.5, torch.arange(4.0)),
+                                        dict(out=torch.empty((), dtype=torch.long))),
+    "resize_as into out=": (torch.ops.aten.resize_as.out, (torch.randn(3), torch.randn(2, 2)), dict(out=torch.empty(0))),
     # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
     "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
     "batch_norm of ints in inference (fuzzer finding)": (
