@@ -358,6 +358,26 @@ CASES = {
     "bucketize of a number into out=": (torch.ops.aten.bucketize.Scalar_out, (0.5, torch.arange(4.0)),
                                         dict(out=torch.empty((), dtype=torch.long))),
     "resize_as into out=": (torch.ops.aten.resize_as.out, (torch.randn(3), torch.randn(2, 2)), dict(out=torch.empty(0))),
+    # out= tensors of another floating dtype than the inputs': TensorIterator casts, other kernels refuse
+    "index_select into a float64 out=": (torch.index_select, (x34, 0, torch.tensor([0, 1])),
+                                         dict(out=torch.empty(2, 4, dtype=torch.float64))),
+    "take into a float64 out=": (torch.take, (x34, torch.tensor([0, 1])), dict(out=torch.empty(2, dtype=torch.float64))),
+    "tril into a float64 out=": (torch.tril, (x34,), dict(out=torch.empty(3, 4, dtype=torch.float64))),
+    "softmax into a float64 out=": (torch.ops.aten._softmax.out, (x34, 1, False),
+                                    dict(out=torch.empty(3, 4, dtype=torch.float64))),
+    "sort into a float64 values=": (torch.sort, (torch.randn(4),),
+                                    dict(out=(torch.empty(4, dtype=torch.float64), torch.empty(4, dtype=torch.long)))),
+    "aminmax into float64 min= and max=": (torch.aminmax, (torch.randn(4),), dict(
+        out=(torch.empty((), dtype=torch.float64), torch.empty((), dtype=torch.float64)))),
+    "complex of float32 into a complex128 out=": (torch.complex, (torch.randn(2), torch.randn(2)),
+                                                  dict(out=torch.empty(2, dtype=torch.complex128))),
+    "complex of float32 into a complex64 out=": (torch.complex, (torch.randn(2), torch.randn(2)),
+                                                 dict(out=torch.empty(2, dtype=torch.complex64))),
+    "cumsum into a float64 out= (TensorIterator casts)": (torch.cumsum, (torch.randn(4), 0),
+                                                          dict(out=torch.empty(4, dtype=torch.float64))),
+    "cat into a float64 out=": (torch.cat, ([torch.randn(2), torch.randn(2)],), dict(out=torch.empty(4, dtype=torch.float64))),
+    "sum into a float64 out=": (torch.sum, (x34, 0), dict(out=torch.empty(4, dtype=torch.float64))),
+    "angle of float32 into a float64 out=": (torch.angle, (torch.randn(2),), dict(out=torch.empty(2, dtype=torch.float64))),
     # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
     "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
     "batch_norm of ints in inference (fuzzer finding)": (
