@@ -378,6 +378,10 @@ CASES = {
     "cat into a float64 out=": (torch.cat, ([torch.randn(2), torch.randn(2)],), dict(out=torch.empty(4, dtype=torch.float64))),
     "sum into a float64 out=": (torch.sum, (x34, 0), dict(out=torch.empty(4, dtype=torch.float64))),
     "angle of float32 into a float64 out=": (torch.angle, (torch.randn(2),), dict(out=torch.empty(2, dtype=torch.float64))),
+    # out= forms run on the host (no meta kernel): an empty out= grows to the result, as the kernel resized it
+    "geqrf into empty out= tensors": (torch.geqrf, (torch.randn(5, 5),), dict(out=(torch.empty(0), torch.empty(0)))),
+    "geqrf into a transposed out=": (torch.geqrf, (torch.randn(5, 5),), dict(out=(torch.empty(5, 5).t(), torch.empty(5)))),
+    "histogram into empty out= tensors": (torch.histogram, (torch.randn(8), 2), dict(out=(torch.empty(0), torch.empty(0)))),
     # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
     "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
     "batch_norm of ints in inference (fuzzer finding)": (
