@@ -191,6 +191,26 @@ def registered_fake(op: OpOverload) -> bool:
     return simple_registry.singleton.find(op._schema.name).fake_impl.kernel is not None
 
 
+@functools.lru_cache(maxsize=None)
+def meta_kernel_takes_no_outs(op: OpOverload) -> bool:
+    """Whether ``op``'s Meta kernel is a python function, registered for every overload of its
+    packet, that has no parameter for the op's out= arguments (``embedding_dense_backward.out``):
+    it refuses every call with a TypeError that real execution never raises. Such an op's out=
+    kernel is CompositeExplicitAutograd (computes, then copies), and runs instead."""
+    import inspect
+    kernel = op.py_kernels.get(torch._C.DispatchKey.Meta)
+    outs = [a.name for a in op._schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+    if kernel is None or not outs:
+        return False
+    try:
+        parameters = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return False
+    return not all(name in parameters for name in outs)
+
+
 # --- the device hint: meta kernels that lay results out per backend --------------------
 
 _torch_device_hint = _meta_registrations.device_hint
@@ -544,9 +564,24 @@ def _enters_dual_level(gm: torch.fx.GraphModule) -> bool:
     return any(node.target in (_enter_dual_level, torch._C._enter_dual_level) for node in gm.graph.nodes)
 
 
-def autograd_modes(gm: torch.fx.GraphModule) -> AutogradModes:
+_dual_level_turn = threading.RLock()
+
+
+@contextlib.contextmanager
+def dual_level_turn(gm: torch.fx.GraphModule):
+    """Forward-AD levels are process-wide (torch has one open at a time), so propagations of graphs
+    that enter one take turns: two threads propagating jvp graphs at once would otherwise refuse
+    each other ("Nested forward mode AD is not supported"). Yields whether ``gm`` enters one."""
+    if not _enters_dual_level(gm):
+        yield False
+        return
+    with _dual_level_turn:
+        yield True
+
+
+def autograd_modes(enters_dual_level: bool) -> AutogradModes:
     free = None
-    if _enters_dual_level(gm):  # forward-AD levels are process-wide: asked only of graphs that enter one
+    if enters_dual_level:  # forward-AD levels are process-wide: asked only of graphs that enter one
         try:
             free = torch._C._enter_dual_level()
             torch._C._exit_dual_level(level=free)

@@ -137,3 +137,33 @@ def test_the_shared_cache_stays_consistent_under_threads():
     stats = cache.stats()
     assert len(cache) <= 32 and stats["entries"] <= stats["max_entries"] == 32
     assert stats["hits"] + stats["misses"] > 0
+
+
+def test_forward_ad_graphs_on_four_threads_take_turns_at_the_dual_level():
+    """torch has one forward-AD level open in the process at a time: dynamo graphs of
+    ``torch.func.jvp`` propagated on four threads at once refused each other ("Nested forward mode
+    AD is not supported") until their propagations took turns."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.compile(lambda x, w: torch.func.jvp(lambda y: (y @ w).sin(), (x,), (x,)), backend=backend,
+                  fullgraph=True)(torch.randn(3, 3), torch.randn(3, 3))
+    gm, inputs = graphs[0], (torch.randn(3, 3), torch.randn(3, 3))
+    first = copy.deepcopy(gm)
+    fxprop.propagate(first, *inputs, cache=False)
+    expected = annotations(first)
+
+    def work():
+        results = []
+        for _ in range(10):
+            copied = copy.deepcopy(gm)
+            fxprop.propagate(copied, *inputs, cache=False)
+            results.append(annotations(copied))
+        return results
+
+    assert all(result == expected for results in run_threads([work] * THREADS) for result in results)
+    with torch.autograd.forward_ad.dual_level():  # and no level is left open
+        pass

@@ -88,6 +88,64 @@ def bernoulli_by_overlapping_probabilities(b):
     return b[0:4].bernoulli_(b[2:6].clamp(0, 1))
 
 
+# Writes into out= (or self) that an input overlaps, in kernels that are not elementwise: each
+# kernel chooses its own checks.
+def cat_into_an_overlapping_out(b):
+    return torch.cat([b[0:4], b[4:8]], out=b[2:10])
+
+
+def cat_into_its_own_input(b):
+    return torch.cat([b[0:4]], out=b[0:4])
+
+
+def index_select_into_an_expanded_out(b):
+    return torch.index_select(b[0:8], 0, torch.tensor([0, 1, 2]), out=b[20:21].expand(3))
+
+
+def mm_into_an_overlapping_out(b):
+    return torch.mm(b[0:4].view(2, 2), b[4:8].view(2, 2), out=b[2:6].view(2, 2))
+
+
+def mm_into_an_expanded_out(b):
+    return torch.mm(b[0:4].view(2, 2), b[4:8].view(2, 2), out=b[20:22].view(1, 2).expand(2, 2))
+
+
+def addmm_into_an_overlapping_out(b):
+    return torch.addmm(b[0:4].view(2, 2), b[4:8].view(2, 2), b[8:12].view(2, 2), out=b[2:6].view(2, 2))
+
+
+def sum_into_an_overlapping_out(b):
+    return torch.sum(b[0:8].view(2, 4), 1, out=b[7:9])
+
+
+def cumsum_into_an_overlapping_out(b):
+    return torch.cumsum(b[0:8], 0, out=b[4:12])
+
+
+def sort_into_an_overlapping_out(b):
+    return torch.sort(b[0:8], out=(b[4:12], torch.empty(8, dtype=torch.long)))
+
+
+def index_add_of_a_source_inside_self(b):
+    return b[0:8].index_add_(0, torch.tensor([0, 1]), b[6:8])
+
+
+def put_of_values_inside_self(b):
+    return b[0:8].put_(torch.tensor([0, 1]), b[6:8])
+
+
+def masked_scatter_of_a_source_overlapping_self(b):
+    return b[0:8].masked_scatter_(torch.ones(8, dtype=torch.bool), b[4:12])
+
+
+def clone_into_a_shifted_out(b):
+    return torch.ops.aten.clone.out(b[0:8], out=b[4:12])
+
+
+def div_by_a_number_into_a_shifted_out(b):
+    return torch.ops.aten.div.Scalar_out(b[0:8], 2.0, out=b[4:12])
+
+
 CASES = {
     # convolution parameters (ATen's check_shape_forward)
     "conv2d negative padding": (F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)), dict(padding=-1)),
@@ -279,6 +337,65 @@ CASES = {
     "add_ into a transposed tensor": ("add_", (torch.zeros(3, 4).t(), 1), {}),
     "abs_ of an expanded tensor": ("abs_", (torch.zeros(1).expand(3),), {}),
     "conj_physical_ of an expanded real tensor": ("conj_physical_", (torch.zeros(1).expand(3),), {}),
+    # an out= (or self) that an input overlaps, in kernels that are not elementwise (asked of the host)
+    "cat into an out= overlapping its inputs": (cat_into_an_overlapping_out, (torch.randn(40),), {}),
+    "cat into an out= that is its input": (cat_into_its_own_input, (torch.randn(40),), {}),
+    "index_select into an expanded out=": (index_select_into_an_expanded_out, (torch.randn(40),), {}),
+    "mm into an out= overlapping its inputs (mm does not check)": (mm_into_an_overlapping_out, (torch.randn(40),), {}),
+    "mm into an expanded out=": (mm_into_an_expanded_out, (torch.randn(40),), {}),
+    "addmm into an out= overlapping its inputs": (addmm_into_an_overlapping_out, (torch.randn(40),), {}),
+    "sum into an out= overlapping its input (sum does not check)": (sum_into_an_overlapping_out, (torch.randn(40),), {}),
+    "cumsum into an out= overlapping its input": (cumsum_into_an_overlapping_out, (torch.randn(40),), {}),
+    "sort into an out= overlapping its input": (sort_into_an_overlapping_out, (torch.randn(40),), {}),
+    "index_add_ of a source inside self": (index_add_of_a_source_inside_self, (torch.randn(40),), {}),
+    "index_add_ of a source inside self, in a large storage (the stand-ins span the views only)": (
+        index_add_of_a_source_inside_self, (torch.randn(1 << 20),), {}),
+    "put_ of values inside self": (put_of_values_inside_self, (torch.randn(40),), {}),
+    "masked_scatter_ of a source overlapping self (not checked)": (masked_scatter_of_a_source_overlapping_self,
+                                                                   (torch.randn(40),), {}),
+    # elementwise out= forms whose kernel is composite: computed, then copied, so never checked
+    "clone into a shifted out=": (clone_into_a_shifted_out, (torch.randn(40),), {}),
+    "div by a number into a shifted out=": (div_by_a_number_into_a_shifted_out, (torch.randn(40),), {}),
+    # out= forms whose python Meta kernel takes no out= argument (a TypeError): their composite out= kernel runs
+    "embedding_dense_backward into out=": (torch.ops.aten.embedding_dense_backward.out,
+                                           (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+                                           dict(out=torch.empty(4, 2))),
+    "embedding_dense_backward into an empty out= (resized)": (
+        torch.ops.aten.embedding_dense_backward.out, (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+        dict(out=torch.empty(0))),
+    "embedding_dense_backward into a float64 out=": (
+        torch.ops.aten.embedding_dense_backward.out, (torch.randn(4, 2), torch.tensor([0, 1, 2, 3]), 4, -1, False),
+        dict(out=torch.empty(4, 2, dtype=torch.float64))),
+    "_weight_norm_interface into out0= and out1=": (torch.ops.aten._weight_norm_interface.out,
+                                                    (torch.randn(3, 4), torch.randn(3, 1), 0),
+                                                    dict(out0=torch.empty(3, 4), out1=torch.empty(3, 1))),
+    "bucketize of a number into out=": (torch.ops.aten.bucketize.Scalar_out, (0.5, torch.arange(4.0)),
+                                        dict(out=torch.empty((), dtype=torch.long))),
+    "resize_as into out=": (torch.ops.aten.resize_as.out, (torch.randn(3), torch.randn(2, 2)), dict(out=torch.empty(0))),
+    # out= tensors of another floating dtype than the inputs': TensorIterator casts, other kernels refuse
+    "index_select into a float64 out=": (torch.index_select, (x34, 0, torch.tensor([0, 1])),
+                                         dict(out=torch.empty(2, 4, dtype=torch.float64))),
+    "take into a float64 out=": (torch.take, (x34, torch.tensor([0, 1])), dict(out=torch.empty(2, dtype=torch.float64))),
+    "tril into a float64 out=": (torch.tril, (x34,), dict(out=torch.empty(3, 4, dtype=torch.float64))),
+    "softmax into a float64 out=": (torch.ops.aten._softmax.out, (x34, 1, False),
+                                    dict(out=torch.empty(3, 4, dtype=torch.float64))),
+    "sort into a float64 values=": (torch.sort, (torch.randn(4),),
+                                    dict(out=(torch.empty(4, dtype=torch.float64), torch.empty(4, dtype=torch.long)))),
+    "aminmax into float64 min= and max=": (torch.aminmax, (torch.randn(4),), dict(
+        out=(torch.empty((), dtype=torch.float64), torch.empty((), dtype=torch.float64)))),
+    "complex of float32 into a complex128 out=": (torch.complex, (torch.randn(2), torch.randn(2)),
+                                                  dict(out=torch.empty(2, dtype=torch.complex128))),
+    "complex of float32 into a complex64 out=": (torch.complex, (torch.randn(2), torch.randn(2)),
+                                                 dict(out=torch.empty(2, dtype=torch.complex64))),
+    "cumsum into a float64 out= (TensorIterator casts)": (torch.cumsum, (torch.randn(4), 0),
+                                                          dict(out=torch.empty(4, dtype=torch.float64))),
+    "cat into a float64 out=": (torch.cat, ([torch.randn(2), torch.randn(2)],), dict(out=torch.empty(4, dtype=torch.float64))),
+    "sum into a float64 out=": (torch.sum, (x34, 0), dict(out=torch.empty(4, dtype=torch.float64))),
+    "angle of float32 into a float64 out=": (torch.angle, (torch.randn(2),), dict(out=torch.empty(2, dtype=torch.float64))),
+    # out= forms run on the host (no meta kernel): an empty out= grows to the result, as the kernel resized it
+    "geqrf into empty out= tensors": (torch.geqrf, (torch.randn(5, 5),), dict(out=(torch.empty(0), torch.empty(0)))),
+    "geqrf into a transposed out=": (torch.geqrf, (torch.randn(5, 5),), dict(out=(torch.empty(5, 5).t(), torch.empty(5)))),
+    "histogram into empty out= tensors": (torch.histogram, (torch.randn(8), 2), dict(out=(torch.empty(0), torch.empty(0)))),
     # integer tensors the meta kernel keeps in its result, where the CPU kernel has no integer form
     "softmax of ints": (F.softmax, (torch.ones(2, 3, dtype=torch.int64), 1), {}),
     "batch_norm of ints in inference (fuzzer finding)": (
@@ -288,6 +405,45 @@ CASES = {
     "cumsum of ints (its CPU kernel has an integer form)": (torch.cumsum, (torch.ones(2, 3, dtype=torch.int64), 1),
                                                             {}),
     "cat of bools": (torch.cat, ([torch.ones(2, dtype=torch.bool), torch.zeros(3, dtype=torch.bool)],), {}),
+    # index, target and sorter tensors narrower than int64, which some CPU kernels refuse and others take
+    "searchsorted with an int32 sorter": (torch.searchsorted, (torch.arange(10.0), torch.randn(3)),
+                                          dict(sorter=torch.arange(10, dtype=torch.int32))),
+    "searchsorted with an int64 sorter": (torch.searchsorted, (torch.arange(10.0), torch.randn(3)),
+                                          dict(sorter=torch.arange(10))),
+    "put with an int32 index": (torch.put, (torch.randn(10), torch.tensor([1, 2], dtype=torch.int32), torch.randn(2)), {}),
+    "put with a uint8 index": (torch.put, (torch.randn(10), torch.tensor([1, 2], dtype=torch.uint8), torch.randn(2)), {}),
+    "put": (torch.put, (torch.randn(10), torch.tensor([1, 2]), torch.randn(2)), {}),
+    "take with an int32 index": (torch.take, (x34, torch.tensor([0, 1], dtype=torch.int32)), {}),
+    "nll_loss with an int32 target": (F.nll_loss, (torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)), {}),
+    "cross_entropy with an int32 target": (F.cross_entropy, (torch.randn(3, 5), torch.tensor([1, 2, 3], dtype=torch.int32)),
+                                           {}),
+    "nll_loss": (F.nll_loss, (torch.randn(3, 5), torch.tensor([1, 2, 3])), {}),
+    "multi_margin_loss with an int32 target": (F.multi_margin_loss, (x34, torch.tensor([0, 1, 2], dtype=torch.int32)), {}),
+    "index_fill with an int32 index (IndexError)": (torch.index_fill, (x34, 0, torch.tensor([0, 1], dtype=torch.int32), 1.0),
+                                                    {}),
+    "index_add with an int16 index": (torch.index_add, (x34, 0, torch.tensor([0, 1], dtype=torch.int16), torch.ones(2, 4)),
+                                      {}),
+    "max_unpool1d with int32 indices": (F.max_unpool1d, (torch.randn(1, 1, 2), torch.tensor([[[0, 1]]], dtype=torch.int32),
+                                                         2), {}),
+    "gather with an int32 index (its CPU kernel takes int32)": (torch.gather, (x34, 0, torch.zeros(2, 4, dtype=torch.int32)),
+                                                                {}),
+    "embedding with int32 indices": (F.embedding, (torch.tensor([0, 1], dtype=torch.int32), x34), {}),
+    "scatter with an int32 index": (torch.scatter, (x34, 0, torch.zeros(2, 4, dtype=torch.int32), 1.0), {}),
+    "bucketize by int32 boundaries": (torch.bucketize, (torch.randn(3), torch.arange(4, dtype=torch.int32)), {}),
+    # inputs of dtypes a CPU pooling or sampling kernel is not compiled for
+    "grid_sample of uint8": (F.grid_sample, (torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.rand(1, 2, 2, 2)),
+                             dict(align_corners=False)),
+    "grid_sample": (F.grid_sample, (torch.randn(1, 1, 4, 4), torch.rand(1, 2, 2, 2)), dict(align_corners=False)),
+    # a CompositeImplicitAutograd op whose CPU kernel is its own, not its parts' (max_pool2d takes ints)
+    "max_pool1d of uint8": (F.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.uint8), 2), {}),
+    "max_pool1d of int64": (torch.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.int64), 2), {}),
+    "max_pool1d of bools, strided": (F.max_pool1d, (torch.zeros(2, 3, 8, dtype=torch.bool), 3), dict(stride=1, padding=1)),
+    "MaxPool1d of int32": (torch.nn.MaxPool1d(2), (torch.zeros(2, 3, 8, dtype=torch.int32),), {}),
+    "MaxPool1d": (torch.nn.MaxPool1d(2), (torch.randn(2, 3, 8),), {}),
+    "max_pool1d of float16": (F.max_pool1d, (torch.randn(2, 3, 8).half(), 2), {}),
+    "max_pool2d of uint8 (its CPU kernel takes integers)": (F.max_pool2d, (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), 2),
+                                                             {}),
+    "one_hot of int32": (F.one_hot, (torch.zeros(3, dtype=torch.int32), 4), {}),
     # in-place ops whose functional twin has another overload name (fuzzer finding: accepted)
     "floor_divide_ broadcasting self to a bigger shape": (
         torch.ops.aten.floor_divide_.Tensor, (torch.rand(5, 5) + 1, torch.rand(2, 5, 5) + 1), {}),
@@ -429,3 +585,34 @@ def test_in_place_refusals_are_the_same_when_the_result_dtype_is_remembered(name
             with pytest.raises(fxprop.PropagationError) as caught:
                 fxprop.propagate(gm, a.clone(), b)
             assert caught.value.error_type is real_error
+
+
+def test_a_uint8_mask_of_unknown_values_is_not_judged_as_an_index():
+    """A uint8 tensor among index_put's indices is a mask: its zero stand-ins select nothing, so five
+    values do not fit, where int64 zeros select five elements. The refusal is the stand-ins' values',
+    never the node's (real execution with a mask of five ones accepts)."""
+    def put_by_mask(x, mask, values):
+        return torch.ops.aten.index_put(x, [mask], values)
+    expected = put_by_mask(torch.zeros(5), torch.ones(5, dtype=torch.uint8), torch.ones(5))
+    gm = torch.fx.symbolic_trace(put_by_mask)
+    out = fxprop.propagate(gm, fxprop.TensorSpec((5,)), fxprop.TensorSpec((5,), dtype=torch.uint8),
+                           fxprop.TensorSpec((5,)), cache=False)
+    assert (out.shape, out.dtype, out.stride()) == (expected.shape, expected.dtype, expected.stride())
+
+
+def test_calls_with_int64_indices_are_not_asked_of_the_host(monkeypatch):
+    """The index family is asked only for narrower integer dtypes: int64 indices, the common case,
+    cost no call of a host kernel."""
+    from fxprop.aten import host_dtypes
+    asked = []
+    ask = host_dtypes._ask_the_host
+    monkeypatch.setattr(host_dtypes, "_ask_the_host", lambda op, *rest: asked.append(op) or ask(op, *rest))
+
+    def indexing(weight, ids, target):
+        rows = F.embedding(ids, weight)
+        picked = torch.gather(weight, 0, ids.view(-1, 1).expand(-1, 4))
+        loss = F.nll_loss(weight[:3], target)
+        return rows, picked, loss, torch.take(weight, ids), torch.index_select(weight, 1, ids)
+    inputs = (torch.randn(5, 4), torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2]))
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(indexing), *inputs)
+    assert asked == []

@@ -13,10 +13,22 @@ and those types and sizes, so it is kept for the process.
 Elementwise ops (tagged ``pointwise``, or the in-place form of one), which accept any
 broadcastable sizes, and the reductions that check their dtype first (max, amax, std, ...) are
 asked on stand-ins: these stand for any input of theirs. Any other op given a dtype that few
-kernels implement (complex, float8, the wide unsigned ints), or integer or bool tensors that
-its meta kernel keeps in its result (``softmax`` of ints), is asked on stand-ins of its own
-sizes, up to a limit. Views are never asked, nor random ops, which would draw from the global
-generator. Nodes on other devices are not asked: their kernels have other lists.
+kernels implement (complex, float8, the wide unsigned ints), integer tensors narrower than
+int64 (an index, a target or a sorter that the kernel reads as int64: ``put``, ``nll_loss``,
+``searchsorted``; or data a pooling or sampling kernel has no code for: ``grid_sample`` of
+uint8), integer or bool tensors that its meta kernel keeps in its result (``softmax`` of
+ints), or out= tensors of a floating dtype the inputs do not have (``index_select`` of float32
+into float64, which TensorIterator's kernels cast and others refuse), is asked on stand-ins of
+its own sizes, up to a limit. int64 and bool tensors alone are
+not: they are the common indices and masks, and every embedding would pay a host call. Views are
+never asked, nor random ops, which would draw from the global generator. Nodes on other devices
+are not asked: their kernels have other lists.
+
+Integer stand-ins are zeros, in range of any dim, so a refusal is the node's only where it cannot
+be the values': a NotImplementedError (a kernel missing for the dtype), a message about dtypes,
+or a refusal that goes away once the narrow integer tensors are int64 zeros instead, or the
+out= tensors are of the inputs' dtype (only dtypes changed). A uint8 tensor among a list of indices is a mask, not an index, and is never made
+int64: its zeros select nothing where int64 zeros select one element each.
 """
 from __future__ import annotations
 
@@ -30,7 +42,7 @@ from ..engine import session as context
 from .. import symbolic
 from ..errors import PropagationError
 from .in_place import is_elementwise, written_arguments
-from ..torch_compat import OpOverload, pytree
+from ..torch_compat import OpOverload, pytree, schema_of
 
 _ANSWER_LIMIT = 8192
 _answers: dict[tuple, tuple[type, str] | None] = {}
@@ -41,6 +53,10 @@ _lock = threading.Lock()
 # as they take any input of the same rank.
 _REDUCTIONS = frozenset({"max", "min", "amax", "amin", "aminmax", "argmax", "argmin", "std", "var", "std_mean",
                          "var_mean"})
+
+
+# Integer dtypes other than int64, the one dtype of indices.
+_NARROW_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32})
 
 
 # dtypes that many CPU kernels are not compiled for: any op given one is asked on its own sizes.
@@ -54,14 +70,51 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: A
     what the meta kernel made of the call; the host is not asked for outputs over the limit)."""
     if is_elementwise(op) or (op.namespace == "aten" and op.__name__.split(".")[0] in _REDUCTIONS):
         _check(op, args, kwargs)
-    elif op.namespace == "aten" and any(
-            isinstance(v, torch.Tensor) and v.dtype in _RARELY_IMPLEMENTED for v in pytree.tree_leaves((args, kwargs))):
+    elif op.namespace == "aten" and _asked_on_its_own_sizes(op, args, kwargs, result):
         if not _too_big_to_ask(args, kwargs, result):
             _check(op, args, kwargs, full_size=True)
-    elif op.namespace == "aten" and not op.is_view and _integral_in_and_out(args, kwargs, result):
-        # softmax or batch_norm of ints: the meta kernel keeps the dtype, the CPU kernel has none for it
-        if not _too_big_to_ask(args, kwargs, result):
-            _check(op, args, kwargs, full_size=True)
+
+
+def _asked_on_its_own_sizes(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> bool:
+    """A dtype that few kernels implement; integer tensors narrower than int64, which the kernels
+    that read indices refuse (``put``'s index, ``nll_loss``'s target, ``searchsorted``'s sorter)
+    and few others implement (``grid_sample`` of uint8); or, in softmax or batch_norm of ints,
+    integers the meta kernel keeps in its result, which the CPU kernel has no code for."""
+    dtypes = {v.dtype for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)}
+    if not dtypes.isdisjoint(_RARELY_IMPLEMENTED):
+        return True
+    return not op.is_view and (not dtypes.isdisjoint(_NARROW_INTEGERS) or _integral_in_and_out(args, kwargs, result)
+                               or (schema_of(op).is_mutable and bool(_outs_of_another_dtype(op, args, kwargs))))
+
+
+def _outs_of_another_dtype(op: OpOverload, args: tuple, kwargs: dict) -> dict[int, torch.dtype]:
+    """The out= tensors (by their position among the call's leaves) of a floating or complex dtype
+    that is neither an input's nor the complex counterpart of one, each with the dtype the inputs
+    suggest (``sort`` of float32 into a float64 ``values=``: float32; ``complex`` of float32 into
+    complex128: complex64). Many kernels that are not TensorIterator's refuse to cast into their
+    out= tensors (``index_select``, ``tril``, ``softmax``)."""
+    outs = {id(t) for t in written_arguments(op, args, kwargs)}
+    if torch.Tag.inplace in op.tags and args:
+        outs.discard(id(args[0]))
+    if not outs:
+        return {}
+    flat = pytree.tree_leaves((args, kwargs))
+    inputs = [v.dtype for v in flat if isinstance(v, torch.Tensor) and id(v) not in outs]
+    suggested = {"floating": next((d for d in inputs if d.is_floating_point), None),
+                 "complex": next((d for d in inputs if d.is_complex), None)
+                 or _COMPLEX_OF.get(next((d for d in inputs if d.is_floating_point), None))}
+    retyped = {}
+    for position, value in enumerate(flat):
+        if not isinstance(value, torch.Tensor) or id(value) not in outs:
+            continue
+        dtype = suggested["complex" if value.dtype.is_complex else "floating"]
+        if (value.dtype.is_floating_point or value.dtype.is_complex) and dtype is not None and value.dtype not in (
+                *inputs, *(_COMPLEX_OF.get(d) for d in inputs)):
+            retyped[position] = dtype
+    return retyped
+
+
+_COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, torch.float64: torch.complex128}
 
 
 def _integral_in_and_out(args: tuple, kwargs: dict, result: Any) -> bool:
@@ -137,26 +190,58 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
 
 
 def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any, any_refusal: bool) -> tuple[type, str] | None:
-    def stand_in(value: Any) -> Any:
+    with context.on_host(), torch.no_grad():
+        error = _refusal_of_stand_ins(op, flat, spec, shape_of)
+        # only a refusal of the dtypes is the node's; the stand-ins' values may be refused
+        if error is not None and (isinstance(error, NotImplementedError) or (
+                isinstance(error, (RuntimeError, TypeError)) and _about_dtypes(str(error))) or (
+                any_refusal and isinstance(error, (RuntimeError, IndexError, ValueError, TypeError))) or (
+                isinstance(error, (RuntimeError, IndexError, ValueError, TypeError))
+                and (_passes_as_int64(op, flat, spec, shape_of) or _passes_with_outs_retyped(op, flat, spec, shape_of)))):
+            return type(error), str(error).split("\n")[0]
+    return None
+
+
+def _refusal_of_stand_ins(op: OpOverload, flat: list, spec: Any, shape_of: Any,
+                          retyped: dict | None = None) -> Exception | None:
+    """What the host's kernel raises for the call on stand-ins (the leaves at the positions in
+    ``retyped`` of the dtypes there), or None where it accepts it or the host cannot even make the stand-ins."""
+    def stand_in(position: int, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
-        if not value.dtype.is_floating_point and not value.dtype.is_complex and value.dtype is not torch.bool:
-            return torch.zeros(shape_of(value), dtype=value.dtype, device="cpu")  # an index in range of any dim
-        return torch.ones(shape_of(value), dtype=value.dtype, device="cpu")
+        dtype = retyped.get(position, value.dtype) if retyped else value.dtype
+        if not dtype.is_floating_point and not dtype.is_complex and dtype is not torch.bool:
+            return torch.zeros(shape_of(value), dtype=dtype, device="cpu")  # an index in range of any dim
+        return torch.ones(shape_of(value), dtype=dtype, device="cpu")
 
-    with context.on_host(), torch.no_grad():
-        try:
-            args, kwargs = pytree.tree_unflatten([stand_in(value) for value in flat], spec)
-        except (NotImplementedError, RuntimeError):
-            return None  # a dtype the host cannot even fill (float4, bits): nothing to ask
-        try:
-            op(*args, **kwargs)
-        except Exception as error:  # only a refusal of the dtypes is the node's; the stand-ins' values may be refused
-            if isinstance(error, NotImplementedError) or (isinstance(error, (RuntimeError, TypeError))
-                                                          and _about_dtypes(str(error))) or (
-                    any_refusal and isinstance(error, (RuntimeError, IndexError, ValueError, TypeError))):
-                return type(error), str(error).split("\n")[0]
+    try:
+        args, kwargs = pytree.tree_unflatten([stand_in(i, value) for i, value in enumerate(flat)], spec)
+    except (NotImplementedError, RuntimeError):
+        return None  # a dtype the host cannot even fill (float4, bits): nothing to ask
+    try:
+        op(*args, **kwargs)
+    except Exception as error:
+        return error
     return None
+
+
+def _passes_as_int64(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> bool:
+    """Whether the refused call passes once its narrow integer tensors are int64, the same zeros:
+    then their dtype is what the kernel refused (an index, a target or a sorter must be Long), not a value.
+    A uint8 tensor in a list of indices is a mask, whose zeros select nothing where int64 zeros
+    select an element each: widened, its refusal would be the stand-ins' values'."""
+    paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(flat, spec))[0]]
+    widened = {i: torch.int64 for i, value in enumerate(flat) if isinstance(value, torch.Tensor)
+               and value.dtype in _NARROW_INTEGERS and not (value.dtype is torch.uint8 and len(paths[i]) > 2)}
+    return bool(widened) and _refusal_of_stand_ins(op, flat, spec, shape_of, retyped=widened) is None
+
+
+def _passes_with_outs_retyped(op: OpOverload, flat: list, spec: Any, shape_of: Any) -> bool:
+    """Whether the refused call passes once its out= tensors have their inputs' dtype: then the
+    kernel refused to write into that dtype (``index_select`` of float32 into float64)."""
+    args, kwargs = pytree.tree_unflatten(flat, spec)
+    retyped = _outs_of_another_dtype(op, args, kwargs) if schema_of(op).is_mutable else {}
+    return bool(retyped) and _refusal_of_stand_ins(op, flat, spec, shape_of, retyped=retyped) is None
 
 
 def _stand_in_shape(tensor: torch.Tensor) -> tuple[int, ...]:

@@ -9,8 +9,6 @@ the result would be, computed on meta before the in-place kernel runs.
 
 TensorIterator also refuses to write into a tensor some of whose elements share memory (an
 ``expand``ed tensor): every elementwise in-place op, ``copy_`` and elementwise ``out=`` calls.
-Other kernels decide for themselves; where a call writes into such a tensor, the host's kernel
-is asked (`host_writes`), and its answer stands in for TensorIterator's rule.
 """
 from __future__ import annotations
 
@@ -20,12 +18,11 @@ from typing import Any
 import torch
 
 from ..call import tensors_in
-from ..errors import PropagationError
 from ..engine.session import node_device
 from ..kinds.direct import direct_result
-from .host_writes import CannotAsk, host_refusal_of_write
-from ..torch_compat import (OpOverload, check, has_symbolic_layout, internal_overlap, is_non_overlapping_and_dense,
-                            overload_name, pytree, scalar_type_name, schema_of, storage_key)
+from ..torch_compat import (OpOverload, check, has_kernel, has_symbolic_layout, internal_overlap,
+                            is_non_overlapping_and_dense, overload_name, pytree, scalar_type_name, schema_of,
+                            storage_key)
 
 aten = torch.ops.aten
 _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided")
@@ -61,8 +58,7 @@ def functional_twin(op: OpOverload) -> OpOverload | None:
 
 def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     """Refuse an in-place call whose result would not fit ``self`` as real kernels refuse it."""
-    if not _host_writes_overlapping(op, args, kwargs):
-        check_no_overlapping_write(op, args, kwargs)
+    check_no_overlapping_write(op, args, kwargs)
     twin = functional_twin(op)
     if twin is None or not args or not isinstance(args[0], torch.Tensor):
         return
@@ -149,26 +145,27 @@ def _out_form_of_pointwise(op: OpOverload) -> bool:
                for overload in (getattr(packet, name) for name in packet.overloads()))
 
 
-def _host_writes_overlapping(op: OpOverload, args: tuple, kwargs: dict) -> bool:
-    """Where the call writes into a tensor whose elements share memory, the host kernel's answer
-    (`host_writes`): raise its refusal, or True where it writes; False where it cannot tell."""
-    if not schema_of(op).is_mutable:
+@lru_cache(maxsize=4096)
+def checked_before_the_meta_kernel(op: OpOverload) -> bool:
+    """Whether fxprop checks ``op``'s writes into overlapping memory itself, as TensorIterator does:
+    elementwise ops, ``copy_`` and random fills, but not an ``out=`` form whose kernel is composite
+    (``clone.out`` computes a new tensor, then copies it: nothing is checked; `host_overlap` asks)."""
+    if _out_form_of_pointwise(op) and not (has_kernel(op.name(), "CPU") or has_kernel(op.name(), "CUDA")):
         return False
-    written = written_arguments(op, args, kwargs)
-    if not any(not has_symbolic_layout(tensor) and internal_overlap(tensor) == 1 for tensor in written):
-        return False
-    try:
-        refusal = host_refusal_of_write(op, args, kwargs)
-    except CannotAsk:
-        return False
-    if refusal is not None:
-        error_type, message = refusal
-        raise PropagationError(message, error_type=error_type)
-    return True
+    return is_elementwise(op) or op is aten.copy_.default or _fills_at_random(op)
+
+
+def host_decides_self_overlap(op: OpOverload) -> bool:
+    """Whether a write into a tensor whose own elements share memory is asked of the host's kernel
+    (`host_overlap`) rather than refused by TensorIterator's rule: on a CPU node, where the host's
+    kernel is the node's (the CPU's ``masked_fill_`` only warns that this is deprecated, and
+    writes), for any op but a random one, which would draw from the generator."""
+    device = node_device()
+    return (device is None or device.type == "cpu") and torch.Tag.nondeterministic_seeded not in op.tags
 
 
 def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> None:
-    if not (is_elementwise(op) or op is aten.copy_.default or _fills_at_random(op)):
+    if not checked_before_the_meta_kernel(op):
         return
     if op is aten.copy_.default and len(args) > 1 and _same_view(args[0], args[1]):
         return  # copy_ returns before it looks: nothing to write
@@ -180,8 +177,9 @@ def check_no_overlapping_write(op: OpOverload, args: tuple, kwargs: dict) -> Non
     # TensorIterator compares each output with the inputs only: outputs may overlap each other (frexp's)
     inputs = [value for value in pytree.tree_leaves((args, kwargs))
               if isinstance(value, torch.Tensor) and not any(value is out for out in written)]
+    host_decides = host_decides_self_overlap(op)
     for tensor in written:
-        check(not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
+        check(host_decides or not (isinstance(tensor, torch.Tensor) and internal_overlap(tensor) == 1),
               lambda: "unsupported operation: more than one element of the written-to tensor refers to a single "
                       "memory location. Please clone() the tensor before performing the operation.")
         check(not any(partially_overlap(tensor, other) for other in inputs),

@@ -22,6 +22,7 @@ from ..devices import META, merge_devices, tag
 from ..call import Call
 from ..errors import UnsupportedError
 from ..aten.host_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
+from ..aten.host_overlap import check_overlapping_writes
 from ..aten.in_place import written_arguments
 from ..aten.index_values import check_known_indices
 from ..kinds import Kind, Rule
@@ -108,6 +109,7 @@ class RuleDispatch(TorchDispatchMode):
             kwargs = {**kwargs, "generator": None}
         if self.depth == 0:  # the node's own op; a decomposition's parts may use other dtypes
             refuse_without_kernel_for(func, context.node_device())
+            check_overlapping_writes(func, args, kwargs)
             try:
                 result = self.run_kind(func, rule, args, kwargs)
             except (RuntimeError, IndexError, ValueError, TypeError, AssertionError, OverflowError) as refusal:

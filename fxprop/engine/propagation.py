@@ -335,21 +335,22 @@ class Propagation:
         self.default_device = default_device_if_set()  # None (unset) and a set "cpu" differ for torch.tensor
         self.environment = (environment(), None, None)  # the flags now, the enclosing frame, its context
         grad_enabled, default_dtype = torch.is_grad_enabled(), torch.get_default_dtype()
-        autograd_modes = torch_compat.autograd_modes(self.gm)
-        failed = True
-        try:
-            with logical_default_device(), ambient.entered(session=self.session), \
-                    self.symbols.decisions_kept_from_caller(), \
-                    self.sharding.observing() if self.sharding is not None else contextlib.nullcontext():
-                output = walk()
-            failed = False
-        finally:
-            while self.regions:  # a region the graph never closed (or one a failure left open)
-                self.close_region()
-            torch_compat.restore_autograd_modes(autograd_modes, failed)
-            torch.set_grad_enabled(grad_enabled)
-            torch.set_default_dtype(default_dtype)
-            self.release()
+        with torch_compat.dual_level_turn(self.gm) as enters_dual_level:
+            autograd_modes = torch_compat.autograd_modes(enters_dual_level)
+            failed = True
+            try:
+                with logical_default_device(), ambient.entered(session=self.session), \
+                        self.symbols.decisions_kept_from_caller(), \
+                        self.sharding.observing() if self.sharding is not None else contextlib.nullcontext():
+                    output = walk()
+                failed = False
+            finally:
+                while self.regions:  # a region the graph never closed (or one a failure left open)
+                    self.close_region()
+                torch_compat.restore_autograd_modes(autograd_modes, failed)
+                torch.set_grad_enabled(grad_enabled)
+                torch.set_default_dtype(default_dtype)
+                self.release()
         if self.symbols.active:
             self.symbols.adopt(self.staged)
         self.commit()

@@ -147,10 +147,20 @@ def _distinct_storages(result: Any) -> list[torch.Tensor]:
 def _to_static(leaf: Any, aliases: dict[int, torch.Tensor], exact: bool) -> Any:
     if isinstance(leaf, torch.Tensor):
         alias = aliases.get(id(leaf))
-        return alias if alias is not None else to_meta(leaf)
+        return _laid_out_as(alias, leaf) if alias is not None else to_meta(leaf)
     if not exact and isinstance(leaf, (bool, int, float)):
         return symbolic.current().fresh_value(_dtype_of(leaf))
     return leaf
+
+
+def _laid_out_as(alias: torch.Tensor, written: torch.Tensor) -> torch.Tensor:
+    """The meta tensor an out= (or self) argument is, resized and restrided as the kernel left its
+    host copy (an empty ``out=`` grows to the result's shape)."""
+    if alias.shape != written.shape:
+        alias.resize_(written.shape)
+    if alias.stride() != written.stride() and written.numel():
+        alias.as_strided_(written.shape, written.stride(), alias.storage_offset())
+    return alias
 
 
 def _dtype_of(value: bool | int | float) -> torch.dtype:

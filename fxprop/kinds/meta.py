@@ -8,7 +8,7 @@ from ..aten.view_strides import as_aten_views
 from ..engine.blame import boundary
 from .direct import direct_result
 from ..aten.in_place import check_writes_into_self
-from ..torch_compat import OpOverload
+from ..torch_compat import OpOverload, call_kernel, meta_kernel_takes_no_outs
 
 
 @boundary
@@ -18,6 +18,8 @@ def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     would, and a view as ATen's kernel would."""
     check_writes_into_self(op, args, kwargs)
     result = direct_result(op, args, kwargs)
-    if result is None:
+    if result is None and meta_kernel_takes_no_outs(op):  # its python Meta kernel refuses every out= call
+        result = call_kernel(op, "CompositeExplicitAutograd", *args, **kwargs)
+    elif result is None:
         result = op(*args, **kwargs)
     return as_aten_views(op, args, layout.relayout(op, args, kwargs, result))

@@ -46,8 +46,8 @@ from ..engine.known_values import has_no_values
 from ..kinds import Kind, Rule, is_python_operator
 from .registry import target_name
 from ..torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, custom_op_without_fake,
-                            decomposition_table, has_kernel, is_composite_implicit, overload_for_call, pytree,
-                            register_collective_meta_kernels, registered_fake, schema_of)
+                            decomposition_table, has_kernel, is_composite_implicit, meta_kernel_takes_no_outs,
+                            overload_for_call, pytree, register_collective_meta_kernels, registered_fake, schema_of)
 
 _COMPOSITE_KINDS = frozenset({Kind.PLAIN, Kind.META, Kind.PYTHON, Kind.DECOMPOSITION, Kind.FALLBACK,
                               Kind.UNSUPPORTED})
@@ -192,7 +192,7 @@ def _op_rule(op: OpOverload, device_rule: str | None) -> Rule:
     if op.namespace in _COMMUNICATING_NAMESPACES and not (has(name, "Meta") or has(name, "CompositeImplicitAutograd")):
         return Rule(Kind.UNSUPPORTED, f"{label}: a collective with no meta kernel (its other kernels communicate, "
                     "and are never run here)", device_rule=device_rule)
-    if has(name, "Meta"):
+    if has(name, "Meta") and not (meta_kernel_takes_no_outs(op) and has(name, "CompositeExplicitAutograd")):
         label = f"{label} (registered fake)" if op.namespace not in ("aten", "prims") and registered_fake(op) else label
         return Rule(Kind.META, label, kinds=_meta_or_on_the_host_when_empty(op), device_rule=device_rule)
     if is_composite_implicit(op):

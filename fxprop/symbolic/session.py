@@ -258,8 +258,9 @@ class SymbolicSession:
 
     def _decide_size_obliviously(self, relation: Any, plain: Any, bounds: Any, facts: list) -> bool | None:
         env = self.env
-        oblivious = {symbol for symbol in relation.free_symbols
-                     if symbol in env.size_like and torch_compat.is_unbacked_symbol(symbol)}
+        oblivious = {symbol for symbol in relation.free_symbols  # an input's named dim is no data-dependent size
+                     if symbol in env.size_like and torch_compat.is_unbacked_symbol(symbol)
+                     and getattr(self.infos.get(symbol), "kind", None) != "input"}
         if not oblivious:
             return None
 
