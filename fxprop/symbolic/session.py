@@ -78,10 +78,25 @@ class SymbolicSession:
         """While propagating in a caller's ShapeEnv, keep every decision out of it: a backend's or a
         pass's propagation must leave the compiled program's guards as they were (each added guard
         would be a recompile, or a dynamic size specialized). The decisions become this run's
-        assumptions. fxprop's own ShapeEnv keeps them as guards, which later decisions build on."""
+        assumptions. fxprop's own ShapeEnv keeps them as guards, which later decisions build on,
+        also where the thread suppresses guards (a propagation nested in one in a caller's ShapeEnv)."""
         if self.env is None or self.env in _OWN_ENVS:
-            return contextlib.nullcontext()
-        return torch_compat.decisions_held_apart(self.env, self._held_apart)
+            return torch_compat.decisions_installed()
+        return self._kept_from_caller()
+
+    @contextlib.contextmanager
+    def _kept_from_caller(self):
+        """`decisions_kept_from_caller` in a caller's ShapeEnv, whose pending fresh symbols are also
+        left as the run found them: each node claims the unbacked symbols its call created (`claim`),
+        and a call that fails after creating one would leave it pending there, which torch's next
+        trace in that ShapeEnv refuses (AOT autograd's, after a backend's propagation failed:
+        PendingUnbackedSymbolNotFound, a symbol its first op did not return)."""
+        pending = list(self.env.pending_fresh_unbacked_symbols)
+        try:
+            with torch_compat.decisions_held_apart(self.env, self._held_apart):
+                yield
+        finally:
+            self.env.pending_fresh_unbacked_symbols[:] = pending
 
     def bind_traced(self, shape: tuple, traced: Any) -> None:
         """Compute a TensorSpec given for a placeholder that torch.export traced as ``traced`` (a
@@ -343,6 +358,7 @@ class SymbolicSession:
         re-traces (``run_decompositions``) and serializer read them."""
         from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
         env = self.env
+        pending = list(env.pending_fresh_unbacked_symbols)  # the caller's, left as they were
         for node, entry in staged.items():
             created = self._bound.get(node.name)
             bindings = None
@@ -351,7 +367,7 @@ class SymbolicSession:
                 try:
                     bindings = compute_unbacked_bindings(env, entry[0], peek=True)
                 finally:
-                    env.pending_fresh_unbacked_symbols.clear()
+                    env.pending_fresh_unbacked_symbols[:] = pending
             if bindings:
                 node.meta["unbacked_bindings"] = bindings
             else:
