@@ -639,6 +639,31 @@ def test_dropout_in_training_on_a_size_that_may_be_0_propagates_as_real_executio
         check_strides(gm, bindings, (x,))
 
 
+
+@pytest.mark.parametrize("pad", [(-2, 2, 2, -2), (-1, -1), (0, -3, 1, 1)], ids=str)
+def test_negative_padding_of_named_dims_assumes_what_real_kernels_narrow_by(pad):
+    """Real kernels narrow the input by each negative pad before anything else; torch's meta kernel,
+    which symbolic sizes run, skipped that when another pad is positive: ``F.pad(x, (-2, 2, 2, -2))``
+    of (1, 1, H, W) propagated with no assumption, though real execution refuses wherever W or H is
+    below 2. The assumptions hold exactly where real execution runs, and the shape is then its."""
+    def padded(x):
+        return F.pad(x, pad)
+    gm = torch.fx.symbolic_trace(padded)
+    fxprop.propagate(gm, TensorSpec((1, 1, "H", "W")))
+    assumptions = gm.meta["fxprop"]["assumptions"]
+    assert assumptions
+    for h in range(1, 6):
+        for w in range(1, 6):
+            holds = all(bool(assumption.subs({H: h, W: w})) for assumption in assumptions)
+            try:
+                padded(torch.randn(1, 1, h, w))
+            except RuntimeError:
+                assert not holds, (h, w, assumptions)
+            else:
+                assert holds, (h, w, assumptions)
+                check_substitution(gm, {H: h, W: w}, (torch.randn(1, 1, h, w),))
+
+
 # --- the symbolic module ------------------------------------------------------------------
 
 def test_resolve_definitely_equal_and_broadcast_shapes():
