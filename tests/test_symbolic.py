@@ -664,6 +664,26 @@ def test_negative_padding_of_named_dims_assumes_what_real_kernels_narrow_by(pad)
                 check_substitution(gm, {H: h, W: w}, (torch.randn(1, 1, h, w),))
 
 
+
+def test_adaptive_average_pooling_of_a_crop_that_may_be_empty_assumes_it_is_not():
+    """The real kernels refuse an empty row or column, the meta kernel accepted one: the pool of
+    ``x[:, :, 0:-1:3]`` (empty for H = 1) propagated with no assumption."""
+    def pooled(x):
+        return F.adaptive_avg_pool2d(x[:, :, 0:-1:3], (2, 3))
+    gm = torch.fx.symbolic_trace(pooled)
+    fxprop.propagate(gm, TensorSpec((1, 2, "H", "W")))
+    assumptions = gm.meta["fxprop"]["assumptions"]
+    for h in range(1, 6):
+        holds = all(bool(assumption.subs({H: h, W: 4})) for assumption in assumptions)
+        try:
+            pooled(torch.randn(1, 2, h, 4))
+        except RuntimeError:
+            assert not holds, (h, assumptions)
+        else:
+            assert holds, (h, assumptions)
+            check_substitution(gm, {H: h, W: 4}, (torch.randn(1, 2, h, 4),))
+
+
 # --- the symbolic module ------------------------------------------------------------------
 
 def test_resolve_definitely_equal_and_broadcast_shapes():
