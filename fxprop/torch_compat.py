@@ -235,13 +235,13 @@ def _runtime_assert_refuted_by_the_run(assert_or_defer: Callable) -> Callable:
     """torch's ``ShapeEnv.guard_or_defer_runtime_assert``, which returns False for a fact its static
     evaluation refutes (``torch._check`` then raises, fxprop's broadcasting names the contradiction);
     the symbolic session of the propagation in progress in that ShapeEnv also refutes a fact that no
-    integer sizes satisfying what the run holds can meet (`SymbolicSession.decide`), which torch
+    integer sizes satisfying what the run holds can meet (`SymbolicSession.refutes`), which torch
     would defer: ``x.view(-1, 2)`` then ``x[1:].view(-1, 2)`` of ``(B,)`` need B even, then B odd."""
     @functools.wraps(assert_or_defer)
     def method(self: ShapeEnv, orig_expr: Any, msg: str, fx_node: Any = None) -> Any:
         session = ambient.symbols()
         if (session is not None and session.env is self and isinstance(orig_expr, sympy.logic.boolalg.Boolean)
-                and self._maybe_evaluate_static(orig_expr) is None and session.decide(orig_expr) is False):
+                and self._maybe_evaluate_static(orig_expr) is None and session.refutes(orig_expr)):
             return False
         return assert_or_defer(self, orig_expr, msg, fx_node)
     return method

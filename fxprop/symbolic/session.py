@@ -243,6 +243,15 @@ class SymbolicSession:
         runtime asserts, its replacements, and what this run decided apart from a caller's ShapeEnv):
         True, False, or None where it depends on the values. Asked where torch's static evaluation
         leaves a relation open (`deciding`)."""
+        return self._over_the_integers(relation)
+
+    def refutes(self, fact: Any) -> bool:
+        """Whether no value of the sizes that satisfies what the ShapeEnv holds can meet ``fact``
+        (a runtime assert about to be deferred): the integer reasoning of `decide` alone, which
+        assumes and asserts nothing."""
+        return self._over_the_integers(fact) is False
+
+    def _over_the_integers(self, relation: Any) -> bool | None:
         env = self.env
         facts_now = (len(env.guards), env.num_deferred_runtime_asserts, len(env.replacements), len(self._held_apart))
         known = self._decided.get(relation)
