@@ -6,7 +6,8 @@ other fxprop module reaches one, and that the patched name is still the one torc
 Longer than 500 lines because of that: one file to review is the point, and each entry is a
 name or a thin wrapper around one, filed by the torch subsystem it reaches into.
 
-The patches, `device_hint`, ShapeEnv's `_evaluate_expr` and guard log (`decisions_held_apart`),
+The patches, `device_hint`, ShapeEnv's `_evaluate_expr`, its guard log and its two memoized
+evaluations (`decisions_held_apart`),
 and the python kernels of `ATEN_COMPOSITE_OVER_PYTHON_KERNEL`, are installed by
 `install_patches` on the first propagate, never on import.
 """
@@ -250,43 +251,70 @@ def _evaluate_expr(shape_env: ShapeEnv, orig_expr: Any, *args: Any, **kwargs: An
         return sympy.true if decided else sympy.false
 
 
+def _runtime_assert_refuted_by_the_run(assert_or_defer: Callable) -> Callable:
+    """torch's ``ShapeEnv.guard_or_defer_runtime_assert``, which returns False for a fact its static
+    evaluation refutes (``torch._check`` then raises, fxprop's broadcasting names the contradiction);
+    the symbolic session of the propagation in progress in that ShapeEnv also refutes a fact that no
+    integer sizes satisfying what the run holds can meet (`SymbolicSession.refutes`), which torch
+    would defer: ``x.view(-1, 2)`` then ``x[1:].view(-1, 2)`` of ``(B,)`` need B even, then B odd."""
+    @functools.wraps(assert_or_defer)
+    def method(self: ShapeEnv, orig_expr: Any, msg: str, fx_node: Any = None) -> Any:
+        session = ambient.symbols()
+        if (session is not None and session.env is self and isinstance(orig_expr, sympy.logic.boolalg.Boolean)
+                and self._maybe_evaluate_static(orig_expr) is None and session.refutes(orig_expr)):
+            return False
+        return assert_or_defer(self, orig_expr, msg, fx_node)
+    return method
+
+
 # --- ATen's own composite where torch's python kernel lays results out otherwise ----------
 
 DispatchKey = torch._C.DispatchKey
 
+
+def _dropout_returns_its_input(input: Any, p: float, train: bool | None) -> bool:
+    return not train or p == 0
+
+
 ATEN_COMPOSITE_OVER_PYTHON_KERNEL = {
-    torch.ops.aten.dropout.default: "with train=False or p=0 ATen's composite returns the input itself, "
-                                    "torch's python kernel a clone (an expanded or sliced input loses its strides)",
+    torch.ops.aten.dropout.default: (
+        "with train=False or p=0 ATen's composite returns the input itself, torch's python kernel a clone "
+        "(an expanded or sliced input loses its strides). In training it asks whether the input is empty "
+        "(then it returns the input, whose strides address nothing): refused for a size that may be 0, "
+        "where torch's python kernel (native_dropout) lays the result out as ATen's does otherwise",
+        _dropout_returns_its_input),
 }
 """CompositeImplicitAutograd ops whose python kernel (``py_impl``, which torch's python dispatcher
 runs, and fxprop enables that dispatcher while sizes are symbolic) gives results other than
 ATen's C++ composite, which real execution and propagations without symbols run: while fxprop
-propagates, they run ATen's composite, with symbolic sizes too. Outside a propagation torch's
+propagates, they run ATen's composite, with symbolic sizes too, for the calls the predicate
+names (the reason, then the predicate of the call's arguments). Outside a propagation torch's
 python kernel runs as before."""
 
 PYTHON_KERNEL_KEYS = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
 
 
-def _aten_composite_while_propagating(op: OpOverload, python_kernel: Callable) -> Callable:
+def _aten_composite_while_propagating(op: OpOverload, python_kernel: Callable, when: Callable) -> Callable:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        if ambient.session() is None:
+        if ambient.session() is None or not when(*args, **kwargs):
             return python_kernel(*args, **kwargs)
         return op._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
     return kernel
 
 
 def _run_aten_composites() -> None:
-    for op in ATEN_COMPOSITE_OVER_PYTHON_KERNEL:
+    for op, (_, when) in ATEN_COMPOSITE_OVER_PYTHON_KERNEL.items():
         for key in PYTHON_KERNEL_KEYS:
             python_kernel = op.py_kernels.get(key)
             if python_kernel is not None:
-                op.py_kernels[key] = _aten_composite_while_propagating(op, python_kernel)
+                op.py_kernels[key] = _aten_composite_while_propagating(op, python_kernel, when)
         op._dispatch_cache.clear()
 
 
 def install_patches() -> None:
-    """Install the device hint, the evaluation of open size relations, the guard log's tap
-    (`decisions_held_apart`) and ATen's composites over torch's python kernels once per process
+    """Install the device hint, the evaluation of open size relations and of runtime asserts the run
+    refutes, the guard log's tap and the bypass of torch's memoized evaluations
+    (`decisions_held_apart`), and ATen's composites over torch's python kernels once per process
     (each reads the call in progress from `fxprop.ambient` or this thread)."""
     global _installed
     if _installed:
@@ -296,6 +324,9 @@ def install_patches() -> None:
             _meta_registrations.device_hint = _device_hint
             ShapeEnv._evaluate_expr = _evaluate_expr
             ShapeEnv._log_guard = _log_guard_held_apart
+            ShapeEnv._inner_evaluate_expr = _uncached_while_held_apart(_torch_inner_evaluate_expr)
+            ShapeEnv.guard_or_defer_runtime_assert = _runtime_assert_refuted_by_the_run(
+                _uncached_while_held_apart(_torch_guard_or_defer_runtime_assert))
             _run_aten_composites()
             _installed = True
 
@@ -305,13 +336,35 @@ def patched_names() -> dict[str, tuple[Any, str]]:
     compat test; the python kernels of `ATEN_COMPOSITE_OVER_PYTHON_KERNEL` are checked on their own)."""
     return {"torch._meta_registrations.device_hint": (_meta_registrations, "device_hint"),
             "torch.fx.experimental.symbolic_shapes.ShapeEnv._evaluate_expr": (ShapeEnv, "_evaluate_expr"),
-            "torch.fx.experimental.symbolic_shapes.ShapeEnv._log_guard": (ShapeEnv, "_log_guard")}
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._log_guard": (ShapeEnv, "_log_guard"),
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv._inner_evaluate_expr": (ShapeEnv, "_inner_evaluate_expr"),
+            "torch.fx.experimental.symbolic_shapes.ShapeEnv.guard_or_defer_runtime_assert":
+                (ShapeEnv, "guard_or_defer_runtime_assert")}
 
 
 # --- decisions in a caller's ShapeEnv -----------------------------------------------------
 
 _torch_log_guard = ShapeEnv._log_guard
+_torch_inner_evaluate_expr = ShapeEnv._inner_evaluate_expr
+_torch_guard_or_defer_runtime_assert = ShapeEnv.guard_or_defer_runtime_assert
 _holding = threading.local()
+
+
+def _uncached_while_held_apart(cached: Any) -> Callable:
+    """A ShapeEnv method torch memoizes per ShapeEnv and expression (``lru_cache``), computed afresh
+    while this thread holds decisions apart from that ShapeEnv: a remembered answer skips the guard
+    log, so a decision taken before (by an earlier propagation, or by torch under suppress_guards)
+    would go unlisted in this run's assumptions, and an answer this run gives (a decision on what it
+    holds apart, a runtime assert it did not install) must not be remembered for torch's later calls."""
+    uncached = cached.__wrapped__
+
+    @functools.wraps(uncached)
+    def method(self: ShapeEnv, *args: Any, **kwargs: Any) -> Any:
+        held = getattr(_holding, "apart", None)
+        if held is not None and held[0] is self:
+            return uncached(self, *args, **kwargs)
+        return cached(self, *args, **kwargs)
+    return method
 
 
 def _log_guard_held_apart(self, prefix: str, guard: Any, forcing_spec: bool) -> None:
@@ -348,6 +401,22 @@ def decisions_held_apart(shape_env: ShapeEnv, decided: list):
     _holding.apart = (shape_env, decided)
     try:
         with shape_env.suppress_guards():
+            yield
+    finally:
+        _holding.apart = outer
+
+
+@contextlib.contextmanager
+def decisions_installed():
+    """Decide size conditions in fxprop's own ShapeEnv as guards, which later decisions build on
+    and a contradiction is found against, even where this thread suppresses guards: torch's
+    suppression is per thread, not per ShapeEnv, and a propagation nested in one that holds its
+    decisions apart from a caller's ShapeEnv (a rule that propagates a graph of its own) would
+    otherwise neither record nor list what it assumed."""
+    outer = getattr(_holding, "apart", None)
+    _holding.apart = None
+    try:
+        with _guards_installed():
             yield
     finally:
         _holding.apart = outer

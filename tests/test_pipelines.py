@@ -389,3 +389,173 @@ def _differences_from(traced: dict, gm: torch.fx.GraphModule) -> list:
         if not all(definitely_equal(a, b) for a, b in sizes) or theirs.dtype != ours.dtype:
             differences.append((node.name, tuple(theirs.shape), theirs.stride(), tuple(ours.shape), ours.stride()))
     return differences
+
+
+def test_a_second_propagation_in_dynamos_shape_env_lists_what_the_first_decided():
+    """torch memoizes ShapeEnv evaluations per expression: a second propagation in the same
+    ShapeEnv (a pass that propagates again; AOT's backward after its forward) got the answer
+    without the guard log and listed no assumption, though its values rest on ``T - 1 < 64``.
+    The assumption is exactly where real execution of the positions table works."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        env = torch._guards.detect_fake_mode(example_inputs).shape_env
+        for _ in range(2):
+            fxprop.propagate(gm, *example_inputs, cache=False)
+            seen.append((gm.meta["fxprop"]["assumptions"], dict(env.backed_var_to_val)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = PositionsAdded()
+    torch.compile(model, backend=backend, dynamic=True)(torch.randn(2, 6, 8))
+    (first, hints), (second, _) = seen
+    assert first and second == first
+    (assumption,) = first
+    (symbol,) = assumption.free_symbols
+    (hint,) = [value for internal, value in hints.items() if internal.name == symbol.name and value == 6]
+    for length in (hint, 64, 65):
+        try:
+            model(torch.randn(2, length, 8))
+            works = True
+        except IndexError:
+            works = False
+        assert bool(assumption.subs(symbol, length)) == works, (assumption, length)
+
+
+def test_a_second_propagation_of_an_exported_program_lists_the_runtime_assert_it_decided():
+    """With ``prefer_deferred_runtime_asserts_over_guards`` torch decides a ``torch._check`` on sizes as a
+    (memoized) runtime assert: the second propagation listed none. ``K == L`` is where ``mm`` runs."""
+    program = torch.export.export(MatrixProduct(), (torch.randn(3, 8), torch.randn(8, 5)),
+                                  prefer_deferred_runtime_asserts_over_guards=True)
+    listed = []
+    for _ in range(2):
+        fxprop.propagate(program, fxprop.TensorSpec(("B", "K")), fxprop.TensorSpec(("L", 5)), cache=False)
+        listed.append([str(a) for a in program.graph_module.meta["fxprop"]["assumptions"]])
+    assert listed == [["Eq(K, L)"], ["Eq(K, L)"]]
+    for k, l in ((8, 8), (4, 4), (4, 5)):
+        try:
+            torch.mm(torch.randn(3, k), torch.randn(l, 5))
+            works = True
+        except RuntimeError:
+            works = False
+        assert works == (k == l)
+
+
+class MatrixProduct(nn.Module):
+    def forward(self, x, y):
+        return torch.mm(x, y)
+
+
+@torch.library.custom_op("fxprop_pipelines_test::nested", mutates_args=())
+def nested(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@nested.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _views_of_three_and_four_rows(x):
+    return x.view(3, 16), x.view(4, 16)
+
+
+def _broadcast(x, y):
+    return x + y
+
+
+def _inner_propagations() -> dict:
+    """A graph whose two views need B == 3, then B == 4 (real execution refuses at every B), and an
+    add of (B, 16) and (3, 16), which needs B == 1 or B == 3."""
+    found = {}
+    gm = torch.fx.symbolic_trace(_views_of_three_and_four_rows)
+    try:
+        fxprop.propagate(gm, fxprop.TensorSpec(("B", 16)))
+        found["views"] = gm.meta["fxprop"]["assumptions"]
+    except fxprop.PropagationError:
+        found["views"] = "refused"
+    gm = torch.fx.symbolic_trace(_broadcast)
+    fxprop.propagate(gm, fxprop.TensorSpec(("B", 16)), fxprop.TensorSpec((3, 16)))
+    found["broadcast"] = [str(a) for a in gm.meta["fxprop"]["assumptions"]]
+    return found
+
+
+def test_a_propagation_inside_a_rule_of_one_in_dynamos_shape_env_keeps_its_own_assumptions():
+    """torch suppresses guards per thread, not per ShapeEnv: a propagation in fxprop's own ShapeEnv,
+    run by a rule while a backend's propagation holds its decisions apart from dynamo's, recorded no
+    assumption, and took B == 3 and B == 4 both, where real execution refuses at every B."""
+    for b in range(1, 8):
+        with pytest.raises(RuntimeError):
+            _views_of_three_and_four_rows(torch.randn(b, 16))
+    for b, works in ((1, True), (3, True), (2, False)):
+        try:
+            _broadcast(torch.randn(b, 16), torch.randn(3, 16))
+        except RuntimeError:
+            assert not works
+        else:
+            assert works
+    alone = _inner_propagations()
+    assert alone == {"views": "refused", "broadcast": ["Eq(B, 1) | Eq(B, 3)"]}
+    inside = []
+
+    @fxprop.rule(torch.ops.fxprop_pipelines_test.nested.default)
+    def nested_rule(x):
+        inside.append(_inner_propagations())
+        return torch.empty_like(x)
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        return gm.forward
+
+    try:
+        torch._dynamo.reset()
+        torch.compile(lambda x: torch.ops.fxprop_pipelines_test.nested(x) + 1, backend=backend,
+                      dynamic=True)(torch.randn(5, 3))
+    finally:
+        fxprop.unregister(torch.ops.fxprop_pipelines_test.nested.default)
+    assert inside == [alone]
+
+
+@torch.library.custom_op("fxprop_pipelines_test::counted", mutates_args=())
+def counted(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@counted.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_failed_propagation_leaves_no_pending_symbol_in_dynamos_shape_env():
+    """A call that creates a data-dependent size, then fails, left the size pending in dynamo's
+    ShapeEnv; AOT autograd's trace of the same graph, a backend's fallback, then refused it
+    (PendingUnbackedSymbolNotFound). The compiled graph must run as eager runs."""
+    from functorch.compile import aot_module_simplified
+
+    @fxprop.rule(torch.ops.fxprop_pipelines_test.counted.default)
+    def counted_rule(x):
+        torch._check(x.nonzero().shape[0] < 0)  # a count, then a refusal
+        return torch.empty_like(x)
+
+    failures = []
+
+    def backend(gm, example_inputs):
+        try:
+            fxprop.propagate(gm, *example_inputs)
+        except fxprop.PropagationError as error:
+            failures.append(error)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda graph, inputs: graph.forward)
+
+    def model(x):
+        return torch.ops.fxprop_pipelines_test.counted(x) + 1, x.nonzero()
+
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            x = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+            got = torch.compile(model, backend=backend, dynamic=True)(x)
+    finally:
+        fxprop.unregister(torch.ops.fxprop_pipelines_test.counted.default)
+    assert len(failures) == 1
+    expected = model(x)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))

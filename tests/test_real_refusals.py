@@ -455,6 +455,16 @@ CASES = {
         torch.ops.aten.float_power_.Tensor, (torch.rand(5, 5, dtype=torch.float64), torch.rand(2, 5, 5)), {}),
     "ldexp_ broadcasting self to a bigger shape": (torch.ops.aten.ldexp_.default, (torch.rand(5, 5), torch.ones(2, 5, 5)),
                                                    {}),
+    # adaptive average pooling of empty dims (the meta kernels accepted them; a 1x1 output is a mean)
+    "adaptive_avg_pool2d of an empty row": (F.adaptive_avg_pool2d, (torch.randn(1, 1, 0, 5), (2, 3)), {}),
+    "adaptive_avg_pool2d of an empty column, unbatched": (F.adaptive_avg_pool2d, (torch.randn(1, 4, 0), (2, 3)), {}),
+    "adaptive_avg_pool2d of no channels": (F.adaptive_avg_pool2d, (torch.randn(1, 0, 4, 5), (2, 3)), {}),
+    "adaptive_avg_pool2d to 1x1 of an empty row": (F.adaptive_avg_pool2d, (torch.randn(1, 1, 0, 5), (1, 1)), {}),
+    "adaptive_avg_pool1d of an empty row": (F.adaptive_avg_pool1d, (torch.randn(1, 1, 0), 3), {}),
+    "adaptive_avg_pool3d of no channels": (F.adaptive_avg_pool3d, (torch.randn(1, 0, 2, 4, 4), (2, 2, 2)), {}),
+    "adaptive_avg_pool3d of an empty batch": (F.adaptive_avg_pool3d, (torch.randn(0, 1, 2, 4, 4), (2, 2, 2)), {}),
+    "adaptive_avg_pool3d of an empty last dim, unbatched": (F.adaptive_avg_pool3d, (torch.randn(1, 2, 4, 0), (2, 2, 2)),
+                                                            {}),
 }
 
 

@@ -363,6 +363,28 @@ def test_a_contradiction_names_the_node():
     assert caught.value.node_name == "matmul_1"
 
 
+def test_a_contradiction_only_the_integers_show_names_the_node():
+    """``view(-1, 2)`` of ``(B,)`` and of ``x[1:]`` need B even, then B odd: real execution refuses
+    at every B, and so does fxprop, at the second view (torch's ranges leave the second fact open,
+    and elimination alone combined away the rows that carry parity)."""
+    def views(x):
+        return x.view(-1, 2), x[1:].view(-1, 2)
+    for b in range(1, 30):
+        with pytest.raises(RuntimeError):
+            views(torch.randn(b))
+    gm = torch.fx.symbolic_trace(views)
+    with pytest.raises(PropagationError, match="invalid for input of size") as caught:
+        fxprop.propagate(gm, TensorSpec(("B",)))
+    assert caught.value.node_name == "view_1"
+
+    def consistent(x):  # B a multiple of 2 and of 3: of 6, which the views after it agree with
+        return x.view(-1, 2), x.view(-1, 3), x.view(-1, 6)
+    gm = torch.fx.symbolic_trace(consistent)
+    fxprop.propagate(gm, TensorSpec(("B",)))
+    for b in (6, 12, 30):
+        check_substitution(gm, {B: b}, (torch.randn(b),))
+
+
 def test_expressions_over_the_cap_raise_and_say_so(monkeypatch):
     monkeypatch.setattr(symbolic.session, "MAX_EXPR_OPS", 1)
     gm = torch.fx.symbolic_trace(torch.nn.Conv2d(3, 8, 3, stride=2))
@@ -593,6 +615,75 @@ def test_no_op_ops_and_views_keep_their_inputs_strides_with_symbolic_sizes(layou
         check_strides(program.graph_module, {B: b}, (torch.randn(b, 32),))
 
 
+
+class _DropoutsInTraining(torch.nn.Module):
+    def forward(self, x):
+        kept = x[x > 0]  # a data-dependent count, 0 included
+        return (F.dropout(x, 0.5, training=True), F.dropout(x.t(), 1.0, training=True),
+                F.dropout(kept, 0.5, training=True) + 1, F.dropout(kept.unsqueeze(1).expand(-1, 3), 0.2))
+
+
+def test_dropout_in_training_on_a_size_that_may_be_0_propagates_as_real_execution_runs():
+    """ATen's composite of dropout asks, in training, whether its input is empty (then it returns the
+    input, whose strides address nothing); on a named dim that may be 0, or a mask's count, that was
+    refused as data-dependent, though every size gives the same shape, dtype and significant strides."""
+    model = _DropoutsInTraining()
+    N = sympy.Symbol("N", integer=True, nonnegative=True)
+    gm = torch.fx.symbolic_trace(model)
+    fxprop.propagate(gm, TensorSpec((N, 8)))
+    for n, sign in ((0, 1), (3, 1), (5, -1), (6, 1)):
+        x = sign * torch.randn(n, 8).abs()
+        check_substitution(gm, {N: n}, (x,))
+        bindings = {N: n, **{symbol: int((x > 0).sum()) for symbol, info in gm.meta["fxprop"]["symbols"].items()
+                             if info.node is not None}}
+        check_strides(gm, bindings, (x,))
+
+
+
+@pytest.mark.parametrize("pad", [(-2, 2, 2, -2), (-1, -1), (0, -3, 1, 1)], ids=str)
+def test_negative_padding_of_named_dims_assumes_what_real_kernels_narrow_by(pad):
+    """Real kernels narrow the input by each negative pad before anything else; torch's meta kernel,
+    which symbolic sizes run, skipped that when another pad is positive: ``F.pad(x, (-2, 2, 2, -2))``
+    of (1, 1, H, W) propagated with no assumption, though real execution refuses wherever W or H is
+    below 2. The assumptions hold exactly where real execution runs, and the shape is then its."""
+    def padded(x):
+        return F.pad(x, pad)
+    gm = torch.fx.symbolic_trace(padded)
+    fxprop.propagate(gm, TensorSpec((1, 1, "H", "W")))
+    assumptions = gm.meta["fxprop"]["assumptions"]
+    assert assumptions
+    for h in range(1, 6):
+        for w in range(1, 6):
+            holds = all(bool(assumption.subs({H: h, W: w})) for assumption in assumptions)
+            try:
+                padded(torch.randn(1, 1, h, w))
+            except RuntimeError:
+                assert not holds, (h, w, assumptions)
+            else:
+                assert holds, (h, w, assumptions)
+                check_substitution(gm, {H: h, W: w}, (torch.randn(1, 1, h, w),))
+
+
+
+def test_adaptive_average_pooling_of_a_crop_that_may_be_empty_assumes_it_is_not():
+    """The real kernels refuse an empty row or column, the meta kernel accepted one: the pool of
+    ``x[:, :, 0:-1:3]`` (empty for H = 1) propagated with no assumption."""
+    def pooled(x):
+        return F.adaptive_avg_pool2d(x[:, :, 0:-1:3], (2, 3))
+    gm = torch.fx.symbolic_trace(pooled)
+    fxprop.propagate(gm, TensorSpec((1, 2, "H", "W")))
+    assumptions = gm.meta["fxprop"]["assumptions"]
+    for h in range(1, 6):
+        holds = all(bool(assumption.subs({H: h, W: 4})) for assumption in assumptions)
+        try:
+            pooled(torch.randn(1, 2, h, 4))
+        except RuntimeError:
+            assert not holds, (h, assumptions)
+        else:
+            assert holds, (h, assumptions)
+            check_substitution(gm, {H: h, W: 4}, (torch.randn(1, 2, h, 4),))
+
+
 # --- the symbolic module ------------------------------------------------------------------
 
 def test_resolve_definitely_equal_and_broadcast_shapes():
@@ -693,6 +784,11 @@ def test_decide_proves_and_refutes_over_the_integers_and_leaves_the_rest_open():
     assert decide(sympy.Gt(G, H), positive, [sympy.And(G + 2 <= H, B > 1)]) is False
     assert decide(sympy.Eq(H, W), lambda symbol: (3, 3)) is True
     assert decide(H >= 2, positive, [H < 1]) is None  # contradictory facts decide nothing
+    even = sympy.Eq(sympy.Mod(H, 2), 0)  # equalities are solved and substituted before elimination
+    assert decide(sympy.Eq(sympy.Mod(H + 1, 2), 0), positive, [even]) is False
+    assert decide(sympy.Eq(sympy.Mod(H, 3), 0), positive, [sympy.Eq(sympy.Mod(H, 6), 0)]) is True
+    assert decide(sympy.Eq(sympy.Mod(3 * H, 2), 0), positive, [even]) is True
+    assert decide(sympy.Eq(sympy.Mod(H, 4), 0), positive, [even]) is None
     assert decide(sympy.Symbol("x") > 0, positive) is None  # not an integer
 
 

@@ -1,11 +1,11 @@
-"""Ops that move elements to new positions: roll, and joining tensors (cat, stack)."""
+"""Ops that move elements to new positions: roll, joining tensors (cat, stack), and constant padding."""
 from __future__ import annotations
 
 import torch
 
 from ..engine import session as context
 from ..resolve.registry import rule
-from ..torch_compat import canonicalize_dim, check, check_index
+from ..torch_compat import canonicalize_dim, check, check_index, statically_known_true
 
 aten = torch.ops.aten
 
@@ -55,3 +55,22 @@ def roll(self, shifts, dims=()):
     size = self.shape[dim]
     start = (size - shifts[0]) % size
     return aten.cat.default([self.narrow(dim, start, size - start), self.narrow(dim, 0, start)], dim)
+
+
+@rule(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    """Corrects aten.constant_pad_nd's meta kernel, which with symbolic sizes skips the first thing
+    real kernels do: narrow the input by each negative pad (``narrow(): length must be
+    non-negative.``), then check the output's sizes. ``F.pad(x, (-2, 2))`` of a last dim of 1 is
+    refused; with a named dim W it assumes ``W >= 2``. A pad whose sign depends on the sizes is left
+    to the meta kernel (the output's size does not depend on it)."""
+    dims = self.dim()
+    if len(pad) % 2 == 0 and len(pad) // 2 <= dims:
+        narrowed = self
+        for dim in range(dims - len(pad) // 2, dims):
+            before, after = pad[2 * (dims - dim - 1)], pad[2 * (dims - dim - 1) + 1]
+            if statically_known_true(before < 0):
+                narrowed = narrowed.narrow(dim, -before, narrowed.shape[dim] + before)
+            if statically_known_true(after < 0):
+                narrowed = narrowed.narrow(dim, 0, narrowed.shape[dim] + after)
+    return aten.constant_pad_nd.default(self, pad, value)

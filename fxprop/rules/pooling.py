@@ -1,4 +1,4 @@
-"""Pooling ops whose CPU kernels lay results out differently from torch's meta kernels."""
+"""Pooling ops whose CPU kernels lay results out differently from torch's meta kernels, or refuse what they accept."""
 from __future__ import annotations
 
 import torch
@@ -35,3 +35,32 @@ def max_pool2d_with_indices(self, kernel_size, stride=(), padding=0, dilation=1,
     check(self.dim() == 4 or (self.dim() == 3 and (self.shape[0] == 0 or self.numel() != 0)),
           lambda: "non-empty 3D or 4D (batch mode) tensor expected for input")
     return aten.max_pool2d_with_indices.default(self, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def _non_empty(name: str, input: torch.Tensor, dims: range | tuple, numbered_from_end: bool) -> None:
+    for dim in dims:
+        number = dim + input.dim() if numbered_from_end else dim
+        check(input.shape[dim] > 0,
+              lambda: f"{name}(): Expected input to have non-zero size for non-batch dimensions, but input has sizes "
+                      f"{list(input.shape)} with dimension {number} being empty")
+
+
+@rule(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(self, output_size):
+    """Corrects the meta kernel, which accepts an input whose last two dims are empty: the real
+    kernels refuse it (``adaptive_avg_pool1d`` too, as a 2-d pool of one row). An output of 1x1
+    never gets here: the composite takes the mean instead, which real execution accepts."""
+    if self.dim() in (3, 4):
+        _non_empty("adaptive_avg_pool2d", self, (-2, -1), numbered_from_end=True)
+    return aten._adaptive_avg_pool2d.default(self, output_size)
+
+
+@rule(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(self, output_size):
+    """Corrects the meta kernel, which accepts an input with an empty non-batch dim: the CPU kernel
+    refuses one (every dim after the first, channels of a 5-d input included); elsewhere the
+    spatial dims, which every kernel refuses empty."""
+    if self.dim() in (4, 5):
+        dims = range(1, self.dim()) if _on_cpu() else range(self.dim() - 3, self.dim())
+        _non_empty("adaptive_avg_pool3d", self, dims, numbered_from_end=False)
+    return aten._adaptive_avg_pool3d.default(self, output_size)

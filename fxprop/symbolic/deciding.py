@@ -216,9 +216,10 @@ def _normal(coefficients: dict[int, int], constant: int) -> _Row:
 
 
 def _refuted(rows: list[_Row]) -> bool:
-    """Whether Fourier-Motzkin elimination shows the rows have no integer solution."""
+    """Whether Fourier-Motzkin elimination shows the rows have no integer solution, after each
+    equality with a unit coefficient is solved for that variable and substituted (`_substituted`)."""
     table: dict[tuple, int] = {}
-    if _kept(table, rows):
+    if _kept(table, _substituted(rows)):
         return True
     while table:
         variables = {v for key in table for v, _ in key}
@@ -242,6 +243,41 @@ def _refuted(rows: list[_Row]) -> bool:
         if len(table) > MAX_INEQUALITIES:
             raise _Open
     return False
+
+
+def _substituted(rows: list[_Row]) -> list[_Row]:
+    """The rows with every equality that has a variable of coefficient 1 or -1 solved for it, and
+    the variable replaced by that integer expression in every row, each row rounded again.
+    Elimination alone may combine away the rows that carry parity (``B == 2*f`` and
+    ``B + 1 == 2*g`` have no integer solution, which ``g - f == 1/2`` shows only once ``B`` is
+    gone); over the integers the substitution is exact, so the rounding after it stays sound."""
+    rows = list(dict.fromkeys(rows))
+    while True:
+        constants: dict[tuple, set] = {}
+        for key, constant in rows:
+            constants.setdefault(key, set()).add(constant)
+        found = None
+        for key, constant in rows:
+            negated = tuple((variable, -coefficient) for variable, coefficient in key)
+            if key and -constant in constants.get(negated, ()):
+                unit = next((variable for variable, coefficient in key if abs(coefficient) == 1), None)
+                if unit is not None:
+                    found = dict(key), constant, unit
+                    break
+        if found is None:
+            return rows
+        equality, constant, unit = found  # sum(equality[v] * v) + constant == 0
+        substituted = []
+        for key, row_constant in rows:
+            coefficients = dict(key)
+            multiple = coefficients.get(unit, 0) * equality[unit]  # unit = -(rest + constant) * equality[unit]
+            if not multiple:
+                substituted.append((key, row_constant))
+                continue
+            combined = {v: coefficients.get(v, 0) - multiple * equality.get(v, 0)
+                        for v in {*coefficients, *equality} if v != unit}
+            substituted.append(_normal(combined, row_constant - multiple * constant))
+        rows = list(dict.fromkeys(substituted))
 
 
 def _kept(table: dict, rows: list[_Row]) -> bool:

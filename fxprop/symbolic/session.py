@@ -78,10 +78,25 @@ class SymbolicSession:
         """While propagating in a caller's ShapeEnv, keep every decision out of it: a backend's or a
         pass's propagation must leave the compiled program's guards as they were (each added guard
         would be a recompile, or a dynamic size specialized). The decisions become this run's
-        assumptions. fxprop's own ShapeEnv keeps them as guards, which later decisions build on."""
+        assumptions. fxprop's own ShapeEnv keeps them as guards, which later decisions build on,
+        also where the thread suppresses guards (a propagation nested in one in a caller's ShapeEnv)."""
         if self.env is None or self.env in _OWN_ENVS:
-            return contextlib.nullcontext()
-        return torch_compat.decisions_held_apart(self.env, self._held_apart)
+            return torch_compat.decisions_installed()
+        return self._kept_from_caller()
+
+    @contextlib.contextmanager
+    def _kept_from_caller(self):
+        """`decisions_kept_from_caller` in a caller's ShapeEnv, whose pending fresh symbols are also
+        left as the run found them: each node claims the unbacked symbols its call created (`claim`),
+        and a call that fails after creating one would leave it pending there, which torch's next
+        trace in that ShapeEnv refuses (AOT autograd's, after a backend's propagation failed:
+        PendingUnbackedSymbolNotFound, a symbol its first op did not return)."""
+        pending = list(self.env.pending_fresh_unbacked_symbols)
+        try:
+            with torch_compat.decisions_held_apart(self.env, self._held_apart):
+                yield
+        finally:
+            self.env.pending_fresh_unbacked_symbols[:] = pending
 
     def bind_traced(self, shape: tuple, traced: Any) -> None:
         """Compute a TensorSpec given for a placeholder that torch.export traced as ``traced`` (a
@@ -232,31 +247,42 @@ class SymbolicSession:
         Where that depends on the values of data-dependent sizes (``nonzero``'s ``u0``), torch's
         size-oblivious rule decides: a data-dependent size is taken to be neither 0 nor 1, the
         generic path a real kernel takes for any larger size (``expand`` does not broadcast a
-        ``u0``, ``select(0)`` of ``u0`` rows is in range). The decision is asserted, as
-        ``torch._check`` asserts, and listed with the run's assumptions: the result is right
-        wherever it holds."""
+        ``u0``, ``select(0)`` of ``u0`` rows is in range). The decision is listed with the run's
+        assumptions (in fxprop's own ShapeEnv also asserted, so that later decisions build on it):
+        the result is right wherever it holds."""
+        decided = self._over_the_integers(relation)
+        if decided is None:
+            decided = self._decide_size_obliviously(relation)
+        return decided
+
+    def refutes(self, fact: Any) -> bool:
+        """Whether no value of the sizes that satisfies what the ShapeEnv holds can meet ``fact``
+        (a runtime assert about to be deferred): the integer reasoning of `decide` alone, which
+        assumes and asserts nothing."""
+        return self._over_the_integers(fact) is False
+
+    def _facts(self) -> list:
+        env = self.env
+        facts = [_plain(guard.expr) for guard in env.guards]
+        facts += [_plain(entry.expr) for entries in env.deferred_runtime_asserts.values() for entry in entries]
+        facts += [sympy.Eq(symbol, _plain(value)) for symbol, value in env.replacements.items()]
+        return facts + [_plain(decision) for decision in self._held_apart]
+
+    def _bounds(self, symbol: sympy.Symbol) -> tuple:
+        found = self.env.var_to_range.get(symbol)
+        return (found.lower, found.upper) if found is not None else (None, None)
+
+    def _over_the_integers(self, relation: Any) -> bool | None:
         env = self.env
         facts_now = (len(env.guards), env.num_deferred_runtime_asserts, len(env.replacements), len(self._held_apart))
         known = self._decided.get(relation)
         if known is not None and (known[1] is not None or known[0] == facts_now):
             return known[1]  # a decision stays true as facts grow; an open relation may close
-        facts = [_plain(guard.expr) for guard in env.guards]
-        facts += [_plain(entry.expr) for entries in env.deferred_runtime_asserts.values() for entry in entries]
-        facts += [sympy.Eq(symbol, _plain(value)) for symbol, value in env.replacements.items()]
-        facts += [_plain(decision) for decision in self._held_apart]
-        ranges = env.var_to_range
-        plain = _plain(env.simplify(relation))
-
-        def bounds(symbol: sympy.Symbol) -> tuple:
-            found = ranges.get(symbol)
-            return (found.lower, found.upper) if found is not None else (None, None)
-        decided = deciding.decide(plain, bounds, facts)
-        if decided is None:
-            decided = self._decide_size_obliviously(relation, plain, bounds, facts)
+        decided = deciding.decide(_plain(env.simplify(relation)), self._bounds, self._facts())
         self._decided[relation] = (facts_now, decided)
         return decided
 
-    def _decide_size_obliviously(self, relation: Any, plain: Any, bounds: Any, facts: list) -> bool | None:
+    def _decide_size_obliviously(self, relation: Any) -> bool | None:
         env = self.env
         oblivious = {symbol for symbol in relation.free_symbols  # an input's named dim is no data-dependent size
                      if symbol in env.size_like and torch_compat.is_unbacked_symbol(symbol)
@@ -265,14 +291,18 @@ class SymbolicSession:
             return None
 
         def at_least_two(symbol: sympy.Symbol) -> tuple:
-            lower, upper = bounds(symbol)
+            lower, upper = self._bounds(symbol)
             if symbol in oblivious:
                 lower = 2 if lower is None or lower < 2 else lower
             return lower, upper
-        decided = deciding.decide(plain, at_least_two, facts)
-        if decided is not None:
-            env.guard_or_defer_runtime_assert(relation if decided else sympy.Not(relation),
-                                              "fxprop: size-oblivious, as torch decides a data-dependent size")
+        decided = deciding.decide(_plain(env.simplify(relation)), at_least_two, self._facts())
+        if decided is None:
+            return None
+        assumed = relation if decided else sympy.Not(relation)
+        if env in _OWN_ENVS:
+            env.guard_or_defer_runtime_assert(assumed, "fxprop: size-oblivious, as torch decides a data-dependent size")
+        else:  # the caller's compiled program must not assert what its kernels only took for granted
+            self._held_apart.append(assumed)
         return decided
 
     def symbol_count(self) -> int:
@@ -372,6 +402,7 @@ class SymbolicSession:
         re-traces (``run_decompositions``) and serializer read them."""
         from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
         env = self.env
+        pending = list(env.pending_fresh_unbacked_symbols)  # the caller's, left as they were
         for node, entry in staged.items():
             created = self._bound.get(node.name)
             bindings = None
@@ -380,7 +411,7 @@ class SymbolicSession:
                 try:
                     bindings = compute_unbacked_bindings(env, entry[0], peek=True)
                 finally:
-                    env.pending_fresh_unbacked_symbols.clear()
+                    env.pending_fresh_unbacked_symbols[:] = pending
             if bindings:
                 node.meta["unbacked_bindings"] = bindings
             else:
