@@ -1,10 +1,11 @@
-"""Ops that move elements to new positions: roll, and joining tensors (cat, stack)."""
+"""Ops that move elements to new positions: roll, joining tensors (cat, stack), and constant padding."""
 from __future__ import annotations
 
 import torch
 
 from ..engine import session as context
 from ..resolve.registry import rule
+from ..symbolic import resolve
 from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten
@@ -55,3 +56,24 @@ def roll(self, shifts, dims=()):
     size = self.shape[dim]
     start = (size - shifts[0]) % size
     return aten.cat.default([self.narrow(dim, start, size - start), self.narrow(dim, 0, start)], dim)
+
+
+@rule(aten.constant_pad_nd.default)
+def constant_pad_nd(self, pad, value=0):
+    """Corrects the decomposition symbolic pads run through (``torch._refs.constant_pad_nd``): where no
+    pad is positive, ATen's kernel returns a clone of the input narrowed by the negative pads, which
+    keeps the input's layout; the decomposition does so only where every pad is negative, and pads
+    of zero get a fresh tensor in the input's suggested memory format. The gradient of a padding by
+    a symbolic amount, ``-((4 - L % 4) % 4)`` (mamba2's chunks), is never positive and may be zero."""
+    if not any(isinstance(p, torch.SymInt) for p in pad) or not all(resolve(p <= 0) is True for p in pad):
+        return aten.constant_pad_nd.default(self, pad, value)
+    check(len(pad) % 2 == 0, lambda: f"Length of pad must be even but instead it equals {len(pad)}")
+    dims = self.dim()
+    check(dims >= len(pad) // 2, lambda: f"Length of pad should be no more than twice the number of dimensions of "
+                                         f"the input. Pad length is {len(pad)} while the input has {dims} dimensions.")
+    narrowed = self
+    for dim in range(dims - len(pad) // 2, dims):
+        before, after = pad[2 * (dims - dim - 1)], pad[2 * (dims - dim - 1) + 1]
+        narrowed = narrowed.narrow(dim, -before, narrowed.shape[dim] + before)
+        narrowed = narrowed.narrow(dim, 0, narrowed.shape[dim] + after)
+    return narrowed.clone()

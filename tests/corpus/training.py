@@ -318,14 +318,13 @@ def _train_steps(model: torch.nn.Module, calls: list[dict], backend: Any, dynami
         loss_of(compiled(**inputs)).backward()
 
 
-def check_aot(name: str, dynamic: bool) -> Outcome:
+def check_compiled(model: torch.nn.Module, calls: list[dict], *, dynamic: bool, name: str = "?",
+                   how: str = "aot") -> Outcome:
+    """``torch.compile`` ``model`` with AOT compilers that propagate each graph and check each of its
+    real calls (`Compilers`), take a training step per entry of ``calls`` (the model's keyword
+    inputs), and judge every graph: ``OK``, ``MISMATCH``, ``GUARD``, ``FXPROP-ERROR`` (kind
+    ``"compile"`` where torch.compile itself failed), or ``REAL-FAILED`` (AOT's graph does not run)."""
     from torch._dynamo.backends.common import aot_autograd
-    how = "aot_dynamic" if dynamic else "aot"
-    built = _built(name, how)
-    if isinstance(built, Outcome):
-        return built
-    model, inputs = built
-    calls = [inputs, resized(inputs)] if dynamic else [inputs]
     compilers = Compilers()
     backend = aot_autograd(fw_compiler=compilers.compiler("fw"), bw_compiler=compilers.compiler("bw"),
                            inference_compiler=compilers.compiler("inference"))
@@ -334,15 +333,28 @@ def check_aot(name: str, dynamic: bool) -> Outcome:
             _train_steps(model, calls, backend, dynamic)
     except Exception as error:
         if not any(g.error or g.real_error for g in compilers.graphs):
-            eager = _aot_eager_error(name, calls, dynamic)
-            if eager is not None:
-                return Outcome(name, how, COMPILE_FAILED, f"torch.compile(backend='aot_eager') fails too: {eager}",
-                               kind="compile")
             tb = traceback.extract_tb(error.__traceback__)[-1]
-            return Outcome(name, how, FXPROP_ERROR, f"torch.compile fails with fxprop's compilers, not with aot_eager: "
+            return Outcome(name, how, FXPROP_ERROR, f"torch.compile fails with fxprop's compilers: "
                            f"{type(error).__name__}: {first_line(error)} ({tb.filename.rsplit('/', 1)[-1]}:{tb.lineno})",
-                           kind=type(error).__name__, nodes=_nodes(compilers))
+                           kind="compile", nodes=_nodes(compilers))
     return _verdict(name, how, compilers.graphs)
+
+
+def check_aot(name: str, dynamic: bool) -> Outcome:
+    how = "aot_dynamic" if dynamic else "aot"
+    built = _built(name, how)
+    if isinstance(built, Outcome):
+        return built
+    model, inputs = built
+    calls = [inputs, resized(inputs)] if dynamic else [inputs]
+    outcome = check_compiled(model, calls, dynamic=dynamic, name=name, how=how)
+    if outcome.kind == "compile":
+        eager = _aot_eager_error(name, calls, dynamic)
+        if eager is not None:
+            return Outcome(name, how, COMPILE_FAILED, f"torch.compile(backend='aot_eager') fails too: {eager}",
+                           kind="compile")
+        outcome.detail += " (aot_eager compiles it)"
+    return outcome
 
 
 def _built(name: str, how: str) -> tuple[torch.nn.Module, dict] | Outcome:
