@@ -28,7 +28,16 @@ traces export, module, dynamo and fx (about 20 minutes)::
     FXPROP_CORPUS=all pytest tests/test_corpus.py
 
 ``FXPROP_CORPUS=llama,t5`` runs those models (every default trace); ``FXPROP_CORPUS_TRACES=all``
-adds ``module_spec``. ``python tools/corpus_sweep.py`` runs the same sweep and prints a markdown
+adds ``module_spec``.
+
+Training graphs (tests/corpus/training.py): with the model in train mode, AOT's forward and
+backward graphs under ``torch.compile`` (``aot``: static; ``aot_dynamic``: ``dynamic=True``,
+called twice with different batch and sequence sizes, fxprop's symbolic sizes evaluated at each
+call's) and the ``make_fx`` joint graph of the loss and its gradients (``joint``), every node
+compared with a real run of that graph, and no guard added to dynamo's ShapeEnv. By default the
+slice `TRAINING_SLICE` of tests/corpus/models.py runs; ``FXPROP_CORPUS_TRAINING=all`` (or
+``=llama,t5``) runs every model (or those) with the three traces, as
+``python tools/corpus_sweep.py --training`` does. ``python tools/corpus_sweep.py`` runs the same sweep and prints a markdown
 table per architecture and trace (nodes, result, seconds).
 """
 from __future__ import annotations
@@ -43,9 +52,9 @@ pytest.importorskip("transformers")
 
 import torch
 
-from corpus.harness import DEFAULT_TRACES, NOT_FXPROP, OK, TRACES, check_case
+from corpus.harness import DEFAULT_TRACES, NOT_FXPROP, OK, TRACES, TRAINING_TRACES, check_case
 from corpus.known_failures import KNOWN_FAILURES, is_fxprop_bug, key
-from corpus.models import CASES, CI_SLICE, CI_TRACES
+from corpus.models import CASES, CI_SLICE, CI_TRACES, TRAINING_SLICE
 
 FAMILIES = ("decoder", "encoder", "encoder-decoder", "vision", "audio", "multimodal", "state-space")
 
@@ -67,6 +76,14 @@ def _param(name: str, trace: str):
         marks.append(pytest.mark.xfail(strict=True, reason=reason) if is_fxprop_bug(reason)
                      else pytest.mark.skip(reason=reason))
     return pytest.param(name, trace, marks=marks, id=f"{name}-{trace}")
+
+
+def _training_selection() -> list[tuple[str, str]]:
+    wanted = os.environ.get("FXPROP_CORPUS_TRAINING", "").strip()
+    if not wanted:
+        return [(name, trace) for name, traces in TRAINING_SLICE.items() for trace in traces]
+    names = list(CASES) if wanted == "all" else [n.strip() for n in wanted.split(",") if n.strip()]
+    return [(name, trace) for name in names for trace in TRAINING_TRACES]
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +110,20 @@ def test_corpus(name: str, trace: str) -> None:
                 f"(not in tests/corpus/known_failures.py: fix it, or add it there with the reason)")
 
 
+@pytest.mark.parametrize("name,trace", [_param(n, t) for n, t in _training_selection()])
+def test_corpus_training(name: str, trace: str) -> None:
+    """AOT's forward and backward graphs (static, and dynamic over two real calls of different
+    sizes) and the make_fx joint graph of a model in train mode: every node as real execution
+    has it, and no guard added to dynamo's ShapeEnv (tests/corpus/training.py)."""
+    outcome = check_case(name, trace)
+    if outcome.status == OK:
+        return
+    where = "torch/transformers" if outcome.status in NOT_FXPROP else "fxprop"
+    mismatches = "".join(f"\n  {m}" for m in outcome.mismatches[:20])
+    pytest.fail(f"{name}/{trace} [{where}] {outcome.short()}{mismatches}\n"
+                f"(not in tests/corpus/known_failures.py: fix it, or add it there with the reason)")
+
+
 def test_corpus_covers_the_families() -> None:
     assert len({c.model_type for c in CASES.values()}) >= 40
     assert {c.family for c in CASES.values()} == set(FAMILIES)
@@ -103,5 +134,5 @@ def test_corpus_covers_the_families() -> None:
 def test_known_failures_name_real_runs() -> None:
     for entry, reason in KNOWN_FAILURES.items():
         model, _, trace = entry.partition("/")
-        assert model in CASES and trace in TRACES, entry
+        assert model in CASES and trace in TRACES + TRAINING_TRACES, entry
         assert reason.strip(), entry

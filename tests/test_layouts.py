@@ -333,3 +333,23 @@ def test_abs_of_a_complex_tensor_keeps_a_dense_inputs_own_strides(layout):
         assert caught.value.error_type is RuntimeError
     else:
         fxprop.testing.assert_matches_real(viewed, x)
+
+
+_GROUPS = torch.tensor([3, 7, 10], dtype=torch.int32)
+GROUPED_MM = {
+    "2-d by 3-d (experts' inputs by their weights)": (torch.randn(10, 8), torch.randn(3, 8, 8), _GROUPS),
+    "2-d by 3-d column-major, 6 columns": (torch.randn(10, 8), torch.randn(3, 6, 8).transpose(1, 2), _GROUPS),
+    "2-d by 2-d (the weights' gradient)": (torch.randn(10, 8).t(), torch.randn(10, 8), _GROUPS),
+    "3-d by 2-d": (torch.randn(3, 4, 8), torch.randn(12, 8).t(), torch.tensor([4, 8, 12], dtype=torch.int32)),
+    "3-d by 3-d, 6 columns": (torch.randn(3, 4, 8), torch.randn(3, 6, 8).transpose(1, 2), None),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", GROUPED_MM)
+def test_grouped_mm_on_the_cpu_takes_its_dtypes_and_pads_its_rows_to_16_bytes(case, dtype):
+    """The CPU kernel multiplies float32, bfloat16 and float16 (torch's meta kernel asks for
+    bfloat16, as CUDA does) and pads each row of its result to 16 bytes (the meta kernel of a build
+    without CUDA allocates it contiguous): MoE experts in an eager training graph."""
+    mat_a, mat_b, offs = GROUPED_MM[case]
+    fxprop.testing.check_rule(torch.ops.aten._grouped_mm.default, mat_a.to(dtype), mat_b.to(dtype), offs)

@@ -12,6 +12,7 @@ import fxprop.testing
 from fxprop.testing import check_rule
 
 x34 = torch.randn(3, 4)
+_OFFS = torch.tensor([3, 7, 10], dtype=torch.int32)
 
 
 def batch_norm_by_a_weight_that_requires_grad(x):
@@ -465,6 +466,17 @@ CASES = {
     "adaptive_avg_pool3d of an empty batch": (F.adaptive_avg_pool3d, (torch.randn(0, 1, 2, 4, 4), (2, 2, 2)), {}),
     "adaptive_avg_pool3d of an empty last dim, unbatched": (F.adaptive_avg_pool3d, (torch.randn(1, 2, 4, 0), (2, 2, 2)),
                                                             {}),
+    # _grouped_mm on the CPU (aten/src/ATen/native/GroupedMMUtils.h), where the meta kernel checks CUDA's bfloat16
+    "_grouped_mm of float32": (torch._grouped_mm, (torch.randn(10, 8), torch.randn(3, 8, 4), _OFFS), {}),
+    "_grouped_mm of float64": (torch._grouped_mm, (torch.randn(10, 8).double(), torch.randn(3, 8, 4).double(), _OFFS), {}),
+    "_grouped_mm of float32 into bfloat16": (torch._grouped_mm, (torch.randn(10, 8), torch.randn(3, 8, 4), _OFFS),
+                                             dict(out_dtype=torch.bfloat16)),
+    "_grouped_mm of rows not a multiple of 16 bytes": (torch._grouped_mm, (torch.randn(10, 8), torch.randn(3, 8, 6), _OFFS),
+                                                        {}),
+    "_grouped_mm of a 2-d by a 3-d tensor without offsets": (torch._grouped_mm, (torch.randn(10, 8), torch.randn(3, 8, 4)),
+                                                             {}),
+    "_grouped_mm with int64 offsets": (torch._grouped_mm, (torch.randn(10, 8), torch.randn(3, 8, 4), _OFFS.long()), {}),
+    "_grouped_mm of 3-d tensors with offsets": (torch._grouped_mm, (torch.randn(3, 4, 8), torch.randn(3, 8, 4), _OFFS), {}),
 }
 
 

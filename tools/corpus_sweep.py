@@ -7,6 +7,8 @@
     python tools/corpus_sweep.py --models llama,t5 -v     # some models, all mismatches printed
     python tools/corpus_sweep.py --ci                     # tests/test_corpus.py's slice
     python tools/corpus_sweep.py --jobs 4 --json out.json
+    python tools/corpus_sweep.py --training               # training graphs: traces aot,aot_dynamic,joint
+    python tools/corpus_sweep.py --training --models llama -v
 
 Prints a markdown table (architecture, family, trace, nodes, result, seconds, known failure) with
 one row per model x trace: OK / MISMATCH (first mismatching node) / FXPROP-ERROR (type and
@@ -15,6 +17,13 @@ first line) / SIDE-EFFECT / LEAK / EXPORT-FAILED (torch could not trace it: not 
 then fxprop's failures grouped by root-cause signature (status, op, error type or field), with
 the models each one affects. Exits 1 when any fxprop fault was found. Models are built from tiny
 configs in code (tests/corpus/models.py); nothing is downloaded.
+
+``--training`` checks training graphs instead (tests/corpus/training.py): with the model in train
+mode, AOT's forward and backward graphs under ``torch.compile`` (``aot`` static, ``aot_dynamic``
+with ``dynamic=True`` over two calls of different sizes) and a ``make_fx`` joint graph of the loss
+and its gradients (``joint``), every node against a real run of that graph; a guard propagation
+adds to dynamo's ShapeEnv is a failure (GUARD). A model ``torch.compile`` cannot compile with the
+``aot_eager`` backend either is COMPILE-FAILED (torch's, not fxprop's), with torch's error.
 """
 from __future__ import annotations
 
@@ -33,7 +42,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.corpus.harness import DEFAULT_TRACES, FXPROP_FAULTS, OK, TRACES, Outcome, check_case  # noqa: E402
+from tests.corpus.harness import (DEFAULT_TRACES, FXPROP_FAULTS, OK, TRACES, TRAINING_TRACES, Outcome,  # noqa: E402
+                                  check_case)
 from tests.corpus.known_failures import KNOWN_FAILURES, key  # noqa: E402
 from tests.corpus.models import CASES, CI_SLICE  # noqa: E402
 
@@ -55,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci", action="store_true", help="only tests/test_corpus.py's CI slice")
     parser.add_argument("--family", help="only this family (decoder, encoder, encoder-decoder, vision, audio, multimodal)")
     parser.add_argument("--traces", default=",".join(DEFAULT_TRACES),
-                        help=f"comma-separated, of {','.join(TRACES)} (or 'all')")
+                        help=f"comma-separated, of {','.join(TRACES + TRAINING_TRACES)} (or 'all')")
+    parser.add_argument("--training", action="store_true",
+                        help=f"training graphs: the traces {','.join(TRAINING_TRACES)}")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (each uses one thread)")
     parser.add_argument("--width", type=int, default=110, help="cell width in the table")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every mismatch of every failure")
@@ -73,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     if options.family:
         names = [n for n in names if CASES[n].family == options.family]
     traces = list(TRACES) if options.traces == "all" else [t.strip() for t in options.traces.split(",") if t.strip()]
-    if any(t not in TRACES for t in traces):
-        parser.error(f"traces are {TRACES}")
+    if options.training:
+        traces = list(TRAINING_TRACES)
+    if any(t not in TRACES + TRAINING_TRACES for t in traces):
+        parser.error(f"traces are {TRACES + TRAINING_TRACES}")
 
     start = time.perf_counter()
     results: dict[str, list[Outcome]] = {}
@@ -162,7 +176,8 @@ def report(names, traces, results, outcomes, elapsed, options) -> None:
 
 
 def _statuses(outcomes) -> list[str]:
-    order = ["OK", "MISMATCH", "FXPROP-ERROR", "SIDE-EFFECT", "LEAK", "EXPORT-FAILED", "REAL-FAILED", "BUILD-FAILED"]
+    order = ["OK", "MISMATCH", "FXPROP-ERROR", "SIDE-EFFECT", "LEAK", "GUARD", "EXPORT-FAILED", "COMPILE-FAILED",
+             "REAL-FAILED", "BUILD-FAILED"]
     present = {o.status for o in outcomes}
     return [s for s in order if s in present or s in ("OK", "MISMATCH", "FXPROP-ERROR", "EXPORT-FAILED")]
 

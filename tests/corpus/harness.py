@@ -29,6 +29,12 @@ Traces (`TRACES`):
 - ``EXPORT-FAILED``: torch itself could not trace the model this way: not fxprop's fault.
 - ``REAL-FAILED``: torch's traced graph does not run for real: not fxprop's fault.
 - ``BUILD-FAILED``: the model could not be built offline from its tiny config.
+
+Training graphs (`TRAINING_TRACES`: ``aot``, ``aot_dynamic``, ``joint``; AOT's forward and
+backward graphs under torch.compile, static and dynamic, and a ``make_fx`` joint graph) are
+checked by tests/corpus/training.py, through the same `check_case`; they add the statuses
+``GUARD`` (propagation added a guard to dynamo's ShapeEnv: fxprop's fault) and
+``COMPILE-FAILED`` (torch.compile with the ``aot_eager`` backend fails too: not fxprop's).
 """
 from __future__ import annotations
 
@@ -49,10 +55,13 @@ from .models import CASES
 
 TRACES = ("export", "module", "module_spec", "dynamo", "fx")
 DEFAULT_TRACES = ("export", "module", "dynamo", "fx")
+TRAINING_TRACES = ("aot", "aot_dynamic", "joint")   # training graphs: tests/corpus/training.py
 OK, MISMATCH, FXPROP_ERROR, SIDE_EFFECT, LEAK = "OK", "MISMATCH", "FXPROP-ERROR", "SIDE-EFFECT", "LEAK"
+GUARD = "GUARD"                                      # propagation added a guard to dynamo's ShapeEnv
 EXPORT_FAILED, REAL_FAILED, BUILD_FAILED = "EXPORT-FAILED", "REAL-FAILED", "BUILD-FAILED"
-FXPROP_FAULTS = (MISMATCH, FXPROP_ERROR, SIDE_EFFECT, LEAK)     # statuses that are fxprop's to fix
-NOT_FXPROP = (EXPORT_FAILED, REAL_FAILED, BUILD_FAILED)        # torch's / transformers' / the corpus's
+COMPILE_FAILED = "COMPILE-FAILED"                    # torch.compile fails with the aot_eager backend too
+FXPROP_FAULTS = (MISMATCH, FXPROP_ERROR, SIDE_EFFECT, LEAK, GUARD)           # statuses that are fxprop's to fix
+NOT_FXPROP = (EXPORT_FAILED, REAL_FAILED, BUILD_FAILED, COMPILE_FAILED)     # torch's / transformers' / the corpus's
 
 
 @dataclass
@@ -317,6 +326,9 @@ def check_case(name: str, how: str = "export") -> Outcome:
 
 
 def _check_case(name: str, how: str) -> Outcome:
+    if how in TRAINING_TRACES:
+        from .training import check_training
+        return check_training(name, how)
     program = None
     try:
         if how in ("export", "module", "module_spec"):

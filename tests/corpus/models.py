@@ -311,3 +311,13 @@ CI_TRACES: dict[str, tuple[str, ...]] = {
 
 def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return CASES[name].build(seed)
+
+# tests/test_corpus.py's training slice (tests/corpus/training.py): AOT's forward and backward
+# graphs, static and dynamic, and the make_fx joint graph, of models in train mode. Dynamic
+# compiles cost seconds of dynamo's own symbolic reasoning (swin's take minutes), so a few run.
+TRAINING_SLICE: dict[str, tuple[str, ...]] = {
+    "llama": ("aot", "aot_dynamic", "joint"),    # decoder: GQA, rotary, SDPA, RMSNorm
+    "resnet": ("aot", "aot_dynamic", "joint"),   # convs, batch norm in training, pooling
+    "bert": ("aot", "joint"),                    # encoder: dropout, layer norm, GELU
+    "t5": ("aot", "joint"),                      # encoder-decoder: relative position buckets
+}
