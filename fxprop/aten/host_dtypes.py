@@ -33,20 +33,18 @@ int64: its zeros select nothing where int64 zeros select one element each.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import torch
 
 from ..engine import session as context
+from .host_answers import HostAnswers
 from .. import symbolic
 from ..errors import PropagationError
 from .in_place import is_elementwise, written_arguments
 from ..torch_compat import OpOverload, pytree, schema_of
 
-_ANSWER_LIMIT = 8192
-_answers: dict[tuple, tuple[type, str] | None] = {}
-_lock = threading.Lock()
+_answers = HostAnswers(limit=8192)
 
 
 # Reductions whose CPU kernels dispatch on dtype before anything else; they take the stand-ins
@@ -175,15 +173,7 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
         hash(key)
     except TypeError:
         return
-    with _lock:
-        known = key in _answers
-        refusal = _answers.get(key)
-    if not known:
-        refusal = _ask_the_host(op, flat, spec, shape_of, any_refusal)
-        with _lock:
-            if len(_answers) >= _ANSWER_LIMIT:
-                _answers.pop(next(iter(_answers)))
-            _answers[key] = refusal
+    refusal = _answers.get(key, lambda: _ask_the_host(op, flat, spec, shape_of, any_refusal))
     if refusal is not None:
         error_type, message = refusal
         raise PropagationError(message, error_type=error_type)

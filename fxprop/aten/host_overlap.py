@@ -18,22 +18,20 @@ the others only for CPU nodes. Random ops are never asked.
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
 import torch
 
 from ..engine import session as context
+from .host_answers import HostAnswers
 from ..errors import PropagationError
 from .in_place import checked_before_the_meta_kernel, host_decides_self_overlap, written_arguments
 from ..torch_compat import (OpOverload, has_kernel, has_symbolic_layout, internal_overlap, pytree, schema_of,
                             storage_key)
 
 _STAND_IN_BYTES = 1 << 20  # the memory all the stand-ins of one call may span
-_ANSWER_LIMIT = 4096
-_answers: dict[tuple, str | None] = {}
-_lock = threading.Lock()
+_answers = HostAnswers(limit=4096)
 _OVERLAP_REFUSAL = "unsupported operation:"  # how ATen's MemoryOverlap checks begin their message
 
 
@@ -61,15 +59,7 @@ def check_overlapping_writes(op: OpOverload, args: tuple, kwargs: dict) -> None:
         hash(key)
     except TypeError:
         return
-    with _lock:
-        known = key in _answers
-        refusal = _answers.get(key)
-    if not known:
-        refusal = _ask_the_host(op, flat, spec, layouts)
-        with _lock:
-            if len(_answers) >= _ANSWER_LIMIT:
-                _answers.pop(next(iter(_answers)))
-            _answers[key] = refusal
+    refusal = _answers.get(key, lambda: _ask_the_host(op, flat, spec, layouts))
     if refusal is not None:
         raise PropagationError(refusal, error_type=RuntimeError)
 
