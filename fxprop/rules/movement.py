@@ -5,7 +5,7 @@ import torch
 
 from ..engine import session as context
 from ..resolve.registry import rule
-from ..symbolic import resolve
+from .. import symbolic
 from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten
@@ -60,25 +60,19 @@ def roll(self, shifts, dims=()):
 
 @rule(aten.constant_pad_nd.default)
 def constant_pad_nd(self, pad, value=0):
-    """Corrects aten.constant_pad_nd's meta kernel and the decomposition symbolic pads run through
-    (``torch._refs.constant_pad_nd``). Real kernels first narrow the input by each negative pad
+    """Corrects aten.constant_pad_nd's meta kernel. Real kernels first narrow the input by each negative pad
     (``narrow(): length must be non-negative.``), which the meta kernel skips with symbolic sizes:
     ``F.pad(x, (-2, 2))`` of a last dim of 1 is refused; with a named dim W it assumes ``W >= 2``.
-    Where no pad is positive, ATen's kernel returns a clone of the narrowed input, which keeps the
-    input's layout; the decomposition does so only where every pad is negative (the gradient of a
-    padding by a symbolic amount, ``-((4 - L % 4) % 4)`` in mamba2's chunks, is never positive and
-    may be zero). A pad whose sign depends on the sizes is left to the meta kernel (the output's
-    size does not depend on it)."""
+    A pad whose sign depends on the sizes is left to the meta kernel (the output's size does not
+    depend on it)."""
     dims = self.dim()
     if len(pad) % 2 or len(pad) // 2 > dims:
         return aten.constant_pad_nd.default(self, pad, value)  # its own message
     narrowed = self
     for dim in range(dims - len(pad) // 2, dims):
         before, after = pad[2 * (dims - dim - 1)], pad[2 * (dims - dim - 1) + 1]
-        if resolve(before <= 0) is True:
+        if symbolic.resolve(before < 0) is True:
             narrowed = narrowed.narrow(dim, -before, narrowed.shape[dim] + before)
-        if resolve(after <= 0) is True:
+        if symbolic.resolve(after < 0) is True:
             narrowed = narrowed.narrow(dim, 0, narrowed.shape[dim] + after)
-    if any(isinstance(p, torch.SymInt) for p in pad) and all(resolve(p <= 0) is True for p in pad):
-        return narrowed.clone()
     return aten.constant_pad_nd.default(self, pad, value)
