@@ -320,4 +320,5 @@ TRAINING_SLICE: dict[str, tuple[str, ...]] = {
     "resnet": ("aot", "aot_dynamic", "joint"),   # convs, batch norm in training, pooling
     "bert": ("aot", "joint"),                    # encoder: dropout, layer norm, GELU
     "t5": ("aot", "joint"),                      # encoder-decoder: relative position buckets
+    "mixtral": ("joint",),                       # eager MoE: _grouped_mm, routing values burned into the trace
 }

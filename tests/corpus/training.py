@@ -111,8 +111,9 @@ class Bindings:
         self.values: dict[sympy.Symbol, int] = {}
 
     def bind(self, fake: Any, real: Any) -> None:
-        """Bind the bare symbols of ``fake``'s sizes (a SymInt, or a tensor's sizes, strides and
-        offset) to ``real``'s; symbols already bound and compound expressions are left alone."""
+        """Bind the bare symbols of ``fake``'s sizes (a SymInt, or a tensor's sizes and strides) to
+        ``real``'s; symbols already bound and compound expressions are left alone (the placeholders'
+        own comparison then checks the compound ones)."""
         if isinstance(fake, torch.SymInt):
             if isinstance(real, int):
                 self._bind_one(fake, real)
