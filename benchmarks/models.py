@@ -209,6 +209,19 @@ CASES: dict[str, Callable[[], Case]] = {
 LARGE_NODES = 20_000  # graphs above this get one timed call per method and regime, and no cold runs
 
 
+def restore_buffers(gm: torch.fx.GraphModule) -> Callable[[], None]:
+    """A function that puts the module's real buffers back as they are now. FakeTensorProp runs
+    modules on the module's own state: a BatchNorm in training counts its batches there, and the
+    next call of either method would see another graph state (fxprop reads the counter's value)."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in gm.buffers() if buffer.device.type != "meta"]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+    return restore
+
+
 def fresh_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A new graph over the same modules: no node metadata and no node identity carries over."""
     import copy

@@ -75,7 +75,7 @@ sys.path.insert(0, str(HERE))
 import fxprop  # noqa: E402
 import dynamic  # noqa: E402
 from methods import METHODS, clear_caches  # noqa: E402
-from models import CASES, LARGE_NODES, Case, fresh_copy, warmup  # noqa: E402
+from models import CASES, LARGE_NODES, Case, fresh_copy, restore_buffers, warmup  # noqa: E402
 
 MEDIUM_NODES = 5_000  # graphs above this get at most 3 timed calls per method and regime
 QUICK_SKIPS = ("llama160", "llama800")
@@ -108,12 +108,15 @@ def wait_for_quiet(threshold: float, patience_s: float) -> float:
 
 def timed(case: Case, method: str, *, first_sight: bool) -> float:
     gm = fresh_copy(case.gm)
+    restore = restore_buffers(case.gm)
     if first_sight:
         clear_caches()
     gc.collect()  # outside the clock: no call pays for the garbage of the one before
     start = time.perf_counter()
     METHODS[method](gm, case)
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    restore()
+    return elapsed
 
 
 def regime(case: Case, runs: int, *, first_sight: bool) -> dict[str, list[float]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -130,6 +131,19 @@ def version_counter(tensor: torch.Tensor) -> int:
 
 def has_symbolic_layout(tensor: torch.Tensor) -> bool:
     return any(isinstance(v, torch.SymInt) for v in (*tensor.shape, *tensor.stride(), tensor.storage_offset()))
+
+
+any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+
+def export_guards_code(module: torch.nn.Module) -> Any:
+    """The code of the input guards torch.export's ``.module()`` calls first (its ``_guards_fn``:
+    asserts on the inputs' sizes, generated from the program's range constraints), or None
+    for any other module."""
+    import sys
+    unlift = sys.modules.get("torch.export._unlift")  # not imported: no such module exists (and dynamo stays unimported)
+    forward = module.__dict__.get("forward") if unlift is not None and type(module) is unlift.GuardsFn else None
+    return inspect.unwrap(forward).__code__ if forward is not None else None
 
 
 def storage_key(tensor: torch.Tensor) -> int:

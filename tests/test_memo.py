@@ -176,13 +176,14 @@ def test_the_garbage_collector_is_paused_only_while_propagating():
 def test_a_memoized_result_keeps_its_known_values_on_a_hit():
     """``arange(5)`` has known values (value flow); a warm cache rebuilds it with them, so what is
     computed from it afterwards is the real value on every propagation, cold or warm."""
-    gm = torch.fx.symbolic_trace(lambda x: x + torch.arange(x.size(0)).sum().item())
+    first = torch.fx.symbolic_trace(lambda x: x + torch.arange(x.size(0)).sum().item())
+    second = torch.fx.symbolic_trace(lambda x: -(x + torch.arange(x.size(0)).sum().item()))  # not a replay
     cache = fxprop.RuleCache()
     items = []
-    for _ in range(2):
+    for gm in (first, second):
         fxprop.propagate(gm, TensorSpec((5,)), cache=cache)
         items.append(next(node for node in gm.graph.nodes if node.target == "item").meta["val"])
-    assert cache.stats()["hits"] > 0
+    assert cache.stats()["hits"] > 0 and cache.stats()["replays"] == 0
     assert items == [10, 10]  # sum(range(5)), as real execution computes it
 
 

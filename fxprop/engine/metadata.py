@@ -28,12 +28,15 @@ class FakeTensorFactory:
         self._state: dict | None = None
 
     def __call__(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
+        return self.from_snapshot(meta, device, meta.requires_grad)
+
+    def from_snapshot(self, meta: torch.Tensor, device: torch.device, requires_grad: bool) -> FakeTensor:
+        """A FakeTensor over ``meta``'s sizes, strides and storage (``requires_grad`` its own)."""
         if self._state is None:
-            fake = FakeTensor(self.mode, meta, device, requires_grad=meta.requires_grad)
+            fake = FakeTensor(self.mode, meta, device, requires_grad=requires_grad)
             self._state = dict(fake.__dict__)
             return fake
-        fake = make_subclass(FakeTensor, meta, meta.requires_grad, dispatch_device=True,
-                                           device_for_backend_keys=device)
+        fake = make_subclass(FakeTensor, meta, requires_grad, dispatch_device=True, device_for_backend_keys=device)
         set_throw_on_mutable_data_ptr(fake)
         fake.__dict__.update(self._state)
         if "_fake_device" in self._state:

@@ -44,8 +44,9 @@ from .module_state import StateView
 from ..resolve.registry import generation as registry_generation
 from .source import source_line
 from .inputs import TensorSpec, to_internal, traced_example
-from ..torch_compat import pytree
+from ..torch_compat import own_state, pytree
 from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance, _op_name
+from .replaying import run_or_replay
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
 _VALUES_KEPT_WITH_AN_ENTRY = 4096  # elements: a larger known result (a long arange) is computed each time
@@ -106,7 +107,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
                                     propagation.session.real_values)
                         for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
             try:
-                output = propagation.run(lambda: propagation.walk(gm, internal))
+                output = run_or_replay(propagation, internal)
             except DTensorMade:
                 with_dtensors = True  # a node made one (DTensor.from_local): again, DTensor's way
                 continue
@@ -162,7 +163,8 @@ def _holds_dtensors(gm: torch.fx.GraphModule, inputs: list) -> bool:
     found = []
     map_structure(lambda tensor: found.append(dtensors.is_dtensor(tensor)), inputs)
     return (any(found) or any(isinstance(value, TensorSpec) and value.mesh is not None for value in inputs)
-            or any(dtensors.is_dtensor(tensor) for tensor in (*gm.parameters(), *gm.buffers())))
+            or any(dtensors.is_dtensor(tensor) for module in gm.modules() for states in own_state(module)[:2]
+                   for tensor in states.values()))
 
 
 @contextlib.contextmanager
@@ -323,11 +325,12 @@ class Propagation:
         self.default_device: torch.device | None = None
         self.environment: Hashable = ()
         self.around: Callable | None = None  # set by walk_subgraph for a body's calls (autocast's casts)
-        self.differentiates = options.memo is not None and may_differentiate(gm)
+        self._differentiates: bool | None = None
         self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
         self.symbolic_memo = RuleCache(max_entries=1 << 16)
         self.signatures = TensorSignatures()
         self.symbolic_formats: dict = {}  # memory formats of symbolic sizes, by their expressions
+        self.recordings: dict[torch.fx.Node, Any] | None = None  # what the walk staged, to replay (`replaying`)
 
     def run(self, walk: Callable[[], Any]) -> Any:
         """Run ``walk`` with the caller's global state kept, then commit what it staged."""
@@ -453,7 +456,9 @@ class Propagation:
         context = (self.environment, self.default_device, registry_generation())
         target = call.target
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
-        return CallMemo.for_call(cache, op, call, target_key, context, self.differentiates,
+        if self._differentiates is None:
+            self._differentiates = may_differentiate(self.gm)
+        return CallMemo.for_call(cache, op, call, target_key, context, self._differentiates,
                                  symbolic_signature if symbolic_call else self.signatures)
 
     def commit(self) -> None:

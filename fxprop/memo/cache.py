@@ -141,8 +141,13 @@ def symbolic_signature(value: Any) -> Hashable:
 
 # --- the cache ---------------------------------------------------------------------------
 
+MAX_GRAPHS = 64
+MAX_GRAPH_NODES = 1 << 16
+
+
 class RuleCache:
     """A bounded map from call signatures to recorded results; the oldest entries go first.
+    It also keeps whole graphs' results for replay (`fxprop.memo.replay`), cleared with it.
 
     First-in-first-out rather than least-recently-used: a hit then costs one hash of its key,
     and the entries a graph keeps hitting (its repeated blocks) are re-added as soon as they
@@ -158,6 +163,9 @@ class RuleCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self._graphs: dict[Hashable, Any] = {}  # whole graphs (`fxprop.memo.replay`), oldest first
+        self._graph_nodes = 0
+        self.replays = 0
 
     def get(self, key: Hashable) -> Any:
         with self._lock:
@@ -175,10 +183,36 @@ class RuleCache:
             while len(self._entries) > self.max_entries:
                 del self._entries[next(iter(self._entries))]
 
+    def graph(self, key: Hashable) -> Any:
+        """What a propagation of the graph under ``key`` staged (`fxprop.memo.replay`), or None."""
+        with self._lock:
+            entry = self._graphs.get(key)
+            if entry is not None:
+                self.replays += 1
+            return entry
+
+    def keep_graph(self, key: Hashable, entry: Any) -> None:
+        """Keep a whole graph's entry; the oldest go first beyond `MAX_GRAPHS` graphs or
+        `MAX_GRAPH_NODES` nodes in all (an entry costs about a kilobyte per node)."""
+        size = len(entry.nodes)
+        if size > MAX_GRAPH_NODES:
+            return
+        with self._lock:
+            previous = self._graphs.pop(key, None)
+            if previous is not None:
+                self._graph_nodes -= len(previous.nodes)
+            self._graphs[key] = entry
+            self._graph_nodes += size
+            while len(self._graphs) > MAX_GRAPHS or self._graph_nodes > MAX_GRAPH_NODES:
+                oldest = next(iter(self._graphs))
+                self._graph_nodes -= len(self._graphs.pop(oldest).nodes)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self.hits = self.misses = 0
+            self._graphs.clear()
+            self._graph_nodes = 0
+            self.hits = self.misses = self.replays = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -186,7 +220,7 @@ class RuleCache:
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries),
-                    "max_entries": self.max_entries}
+                    "max_entries": self.max_entries, "graphs": len(self._graphs), "replays": self.replays}
 
 
 rule_cache = RuleCache()

@@ -100,6 +100,33 @@ def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
         return False
 
 
+_EFFECTS_OUTSIDE = frozenset({print, input, open, exec, eval, compile, breakpoint, __import__, setattr, delattr,
+                              torch.manual_seed, torch.seed, torch.set_rng_state, torch.save, torch.load})
+_replayable: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
+
+
+def replayable_target(op: str, target: Any) -> bool:
+    """Whether a node calling ``target`` does, each time it runs, nothing but what its graph's
+    annotations record: a target torch owns, outside the functorch transforms (they push and pop
+    levels) and without effects beyond the propagation (printing, files, the random seed)."""
+    key = (op, target)
+    try:
+        return _replayable[key]
+    except KeyError:
+        pass
+    except TypeError:
+        return False
+    if op == "call_method":
+        replayable = isinstance(target, str)
+    else:
+        module = getattr(target, "__module__", None) or ""
+        replayable = (_is_torch_target(target) and target not in _EFFECTS_OUTSIDE
+                      and not module.startswith(_STATEFUL_PACKAGES))
+    if replayable:
+        _replayable[key] = True
+    return replayable
+
+
 def _is_torch_target(target: Any) -> bool:
     return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
         (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)

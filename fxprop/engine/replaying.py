@@ -1,0 +1,75 @@
+"""A propagation that replays an earlier walk of its graph (`fxprop.memo.replay`), or walks it and
+keeps the walk for the next call with the same key."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ..devices import default_device_if_set
+from ..errors import InternalError
+from ..memo import replay
+from ..memo.backend_flags import environment
+from ..resolve.registry import generation as registry_generation
+
+
+def run_or_replay(propagation: Any, inputs: list) -> Any:
+    """Walk the graph on ``inputs`` (the call's internal values), or replay an earlier walk whose key
+    is this call's; with ``cache="verify"`` the graph is walked and compared with the replay."""
+    call = graph_call(propagation, inputs)
+    entry = propagation.options.memo.graph(call.key) if call is not None else None
+    if entry is not None and not propagation.options.verify:
+        return _replay(propagation, call, entry)
+    propagation.recordings = {} if call is not None else None
+    output = propagation.run(lambda: propagation.walk(propagation.gm, inputs))
+    if call is not None:
+        _keep_or_compare(propagation, call, entry)
+    return output
+
+
+def graph_call(propagation: Any, inputs: list) -> replay.GraphCall | None:
+    options = propagation.options
+    if options.memo is None or propagation.sharding is not None or propagation.symbols.active:
+        return None
+    context = (environment(), default_device_if_set(), registry_generation(), options.param_device,
+               options.fallback_limit_bytes, torch.is_inference_mode_enabled())
+    return replay.graph_call(propagation.gm, inputs, propagation.state, propagation.session.real_values, context)
+
+
+def _replay(propagation: Any, call: replay.GraphCall, entry: replay.GraphEntry) -> Any:
+    progress = propagation.options.progress
+    total = len(propagation.gm.graph.nodes)
+    make_fake, staged = propagation.make_fake, propagation.staged
+    build, fresh_tensor_meta = replay.build, replay.fresh_tensor_meta
+    for index, (node, recording) in enumerate(zip(call.nodes, entry.nodes)):
+        if progress is not None:
+            progress(index, total)
+        staged[node] = (build(recording.value, make_fake), fresh_tensor_meta(recording.tensor_meta),
+                        recording.value_type, recording.provenance)
+    if progress is not None:
+        progress(total, total)
+    if entry.known_inputs is not None:
+        propagation.known_inputs = {name: real.clone() for name, real in entry.known_inputs.items()}
+    propagation.commit()
+    propagation.gm.meta["fxprop"].update(copy.deepcopy(entry.summary))
+    return staged[call.nodes[-1]][0]
+
+
+def _keep_or_compare(propagation: Any, call: replay.GraphCall, entry: replay.GraphEntry | None) -> None:
+    """Keep this walk for replay; or, verifying, compare it with the replay kept before."""
+    if propagation.symbols.active or len(propagation.staged) != len(call.nodes):
+        return  # symbols name this call's ShapeEnv; a subgraph's nodes were staged as well
+    recorded = replay.replayable_run(list(call.nodes), propagation.recordings)
+    if recorded is None:
+        return
+    if entry is None:
+        known = propagation.known_inputs
+        known_inputs = {name: real.clone() for name, real in known.items()} if known is not None else None
+        summary = copy.deepcopy(propagation.symbols.summary())
+        propagation.options.memo.keep_graph(call.key, replay.GraphEntry(recorded, known_inputs, summary))
+        return
+    differing = replay.differences(entry.nodes, recorded)
+    if differing:
+        names = ", ".join(f"%{call.nodes[i].name}" for i in differing[:5] if i < len(call.nodes))
+        raise InternalError(f"the graph replay differs from a walk of the graph at {len(differing)} node(s): {names}")

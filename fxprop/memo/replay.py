@@ -1,0 +1,354 @@
+"""Whole graphs replayed: a graph propagated before, called again with inputs, state and settings
+that match, gets the annotations its first propagation staged, without a node being computed again.
+
+The key (`graph_key`) holds everything a propagation of the graph reads:
+
+- every node up to the output: its op, its target (a called module: `StateView.signature`, its
+  class, attributes, parameters, buffers and the values fxprop knows of them; an attribute read:
+  the tensor's signature and known values) and its arguments, other nodes by position;
+- every input's signature, as the rule cache signs tensors, and the values fxprop knows of it;
+- which inputs and state tensors are one object, and which inputs share a storage;
+- the settings the rule cache keys by (grad mode, default dtype and device, backend flags, the
+  rule registry's generation) and the call's options.
+
+Graphs that run code the user wrote (their functions, their module classes, module hooks), call
+functorch transforms, hold subgraphs, have symbolic sizes or DTensors, or needed the real-tensor
+fallback are walked every time. A replayed node gets fresh FakeTensors built from a private snapshot
+of its first value (nothing the first caller holds is shared) that alias each other as the first ones did.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+import torch
+import torch.fx
+from torch.fx.passes.shape_prop import TensorMetadata
+
+from ..devices import device_of
+from ..kinds import Kind
+from ..torch_compat import any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered, own_state, storage_key
+from .cache import Uncacheable, _Key, signature
+from .purity import replayable_target
+
+# What a replayed value may hold besides tensors and containers: values nobody can change in place.
+_IMMUTABLE = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format,
+              torch.layout, torch.Size, type(Ellipsis))
+_PLAIN_ARGUMENTS = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
+                              torch.layout, type(Ellipsis)})
+
+
+class _Unreplayable(Exception):
+    """Something in the graph or its call that a key cannot hold: the graph is walked."""
+
+
+@dataclass(frozen=True)
+class GraphCall:
+    """One propagation's replay key, and the nodes a replay annotates (graph order, up to the output)."""
+    key: Hashable
+    nodes: tuple
+
+
+def graph_call(gm: torch.fx.GraphModule, inputs: list, state: Any, known: Any, context: Hashable) -> GraphCall | None:
+    """The replay key of propagating ``gm`` on ``inputs`` (fxprop's internal values), or None where a
+    replay could differ from a walk. ``state``: the call's `StateView`; ``known``: its `KnownValues`;
+    ``context``: the call's settings and options.
+
+    The key is one flat tuple that can be read back only one way: a node stands as its position
+    (a bare int), a constant as its type followed by its value, a container as its type and
+    length followed by its items."""
+    if functorch_depth() > 0 or global_module_hooks_registered() or any_autocast_enabled():
+        return None
+    signer = _Signer(known, state)
+    nodes: list[torch.fx.Node] = []
+    out: list[Hashable] = [context]
+    try:
+        for value in inputs:
+            signer.input(value, out)
+        positions = signer.positions
+        append = out.append
+        for node in gm.graph.nodes:
+            positions[node] = len(nodes)
+            nodes.append(node)
+            op = node.op
+            append(op)
+            append(node.target)
+            if op == "call_function" or op == "call_method":
+                if not replayable_target(op, node.target):
+                    return None
+            elif op == "call_module":
+                signer.module(gm, str(node.target), out)
+            elif op == "get_attr":
+                signer.attribute(gm, str(node.target), out)
+            elif op not in ("placeholder", "output"):
+                return None
+            append(len(node.args))
+            for argument in node.args:
+                kind = type(argument)
+                if kind is torch.fx.Node:
+                    append(positions[argument])  # KeyError: used before defined, which the walk reports
+                elif kind in _PLAIN_ARGUMENTS:
+                    append(kind)
+                    append(argument)
+                else:
+                    signer.argument(argument, out)
+            if node.kwargs:
+                signer.argument(node.kwargs, out)
+            else:
+                append(None)
+            if op == "output":
+                break
+        return GraphCall(_Key(tuple(out)), tuple(nodes))
+    except (_Unreplayable, Uncacheable, TypeError, AttributeError, KeyError, RuntimeError):
+        return None
+
+
+class _Signer:
+    """Signs the parts of one key into a flat list; tensors met twice (tied weights, one input
+    passed twice) are named by the order they were first met, and inputs by the storage they share."""
+
+    def __init__(self, known: Any, state: Any):
+        self.known = known
+        self.state = state
+        self.positions: dict[torch.fx.Node, int] = {}
+        self.tensors: dict[int, int] = {}
+        self.storages: dict[int, int] = {}
+        self.kept: list[torch.Tensor] = []  # ids stay unique while the key is built
+        self.modules: dict[str, torch.nn.Module] = {}  # attribute owners by path
+
+    def identity(self, tensor: torch.Tensor) -> int:
+        found = self.tensors.get(id(tensor))
+        if found is None:
+            found = self.tensors[id(tensor)] = len(self.tensors)
+            self.kept.append(tensor)
+        return found
+
+    def input(self, value: Any, out: list) -> None:
+        if isinstance(value, torch.Tensor):
+            if type(value) not in (torch.Tensor, torch.nn.Parameter):
+                raise _Unreplayable  # internal inputs are plain meta tensors; anything else is not signed here
+            known = self.known.get(value)
+            out.extend((torch.Tensor, self.identity(value), self.storages.setdefault(storage_key(value), len(self.storages)),
+                        signature(value), _values(known) if known is not None else None))
+        elif isinstance(value, (tuple, list)):
+            out.extend((type(value), len(value)))
+            for item in value:
+                self.input(item, out)
+        elif isinstance(value, dict):
+            out.extend((dict, len(value)))
+            for key, item in value.items():
+                out.append(key)
+                self.input(item, out)
+        elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise _Unreplayable
+        else:
+            self.argument(value, out)
+
+    def submodule(self, gm: torch.fx.GraphModule, path: str) -> torch.nn.Module:
+        found = self.modules.get(path)
+        if found is None:
+            found = gm
+            for part in path.split(".") if path else ():
+                modules = own_state(found)[2]
+                found = modules[part] if part in modules else getattr(found, part)
+            if not isinstance(found, torch.nn.Module):
+                raise _Unreplayable
+            self.modules[path] = found
+        return found
+
+    def module(self, gm: torch.fx.GraphModule, target: str, out: list) -> None:
+        module = self.submodule(gm, target)
+        guards = export_guards_code(module)
+        if guards is not None:
+            out.append(guards)
+            return
+        if isinstance(module, torch.fx.GraphModule):
+            raise _Unreplayable  # walked into: its nodes are annotated too
+        out.append(self.state.signature(module))
+        out.append(tuple(self.identity(tensor) for tensor in _state_tensors(module)))
+
+    def attribute(self, gm: torch.fx.GraphModule, target: str, out: list) -> None:
+        path, _, name = target.rpartition(".")
+        module = self.submodule(gm, path)
+        parameters, buffers, _ = own_state(module)
+        owner = parameters[name] if name in parameters else buffers[name] if name in buffers else getattr(module, name)
+        if isinstance(owner, torch.Tensor):
+            from ..engine.inputs import values_worth_knowing
+            if type(owner) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
+                raise _Unreplayable
+            values = _values(owner) if values_worth_knowing(owner) else None
+            out.extend((type(owner), self.identity(owner), signature(owner), values))
+        elif isinstance(owner, torch.nn.Module):
+            raise _Unreplayable  # a module as a value (a subgraph, a submodule passed along)
+        else:
+            out.append(signature(owner))
+
+    def argument(self, value: Any, out: list) -> None:
+        kind = type(value)
+        if kind is torch.fx.Node:
+            out.append(self.positions[value])
+        elif kind in _PLAIN_ARGUMENTS:
+            out.extend((kind, value))
+        elif kind is float:
+            out.extend((float, value, math.copysign(1.0, value)))  # -0.0 and 0.0 compare equal
+        elif isinstance(value, (tuple, list)):
+            out.extend((kind, len(value)))
+            for item in value:
+                self.argument(item, out)
+        elif isinstance(value, dict):
+            out.extend((kind, len(value)))
+            for key, item in value.items():
+                out.append(key)
+                self.argument(item, out)
+        elif isinstance(value, slice):
+            out.append(slice)
+            for part in (value.start, value.stop, value.step):
+                self.argument(part, out)
+        elif isinstance(value, torch.Tensor):
+            raise _Unreplayable  # a tensor held by the graph's arguments: identity and values would be part of it
+        else:
+            out.append(signature(value))
+
+
+def _state_tensors(module: torch.nn.Module):
+    """Every parameter and buffer a module holds, its submodules' included, duplicates too."""
+    parameters, buffers, submodules = own_state(module)
+    yield from parameters.values()
+    yield from buffers.values()
+    for submodule in submodules.values():
+        if submodule is not None:
+            yield from _state_tensors(submodule)
+
+
+def _values(tensor: torch.Tensor) -> tuple:
+    return (tensor.dtype, tuple(tensor.detach().reshape(-1).tolist()))
+
+
+# --- what a propagation staged, kept to be built again ----------------------------------------
+
+@dataclass(frozen=True)
+class _TensorTemplate:
+    snapshot: torch.Tensor  # a private alias of the value as it was staged
+    device: torch.device
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class _Container:
+    kind: type
+    parts: tuple
+    keys: tuple | None = None  # a dict's keys
+
+
+def template(value: Any) -> Any:
+    """A description of a staged value that later calls build fresh FakeTensors from; None
+    where the value holds something that cannot be built again (a user's object)."""
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter):
+            return None
+        return _TensorTemplate(value.detach(), device_of(value), value.requires_grad)
+    if isinstance(value, _IMMUTABLE):
+        return _Immutable(value)
+    kind = type(value)
+    if kind in (tuple, list) or kind.__module__ == "torch.return_types" or (
+            issubclass(kind, tuple) and hasattr(kind, "_fields")):
+        parts = tuple(template(item) for item in value)
+        return None if any(part is None for part in parts) else _Container(kind, parts)
+    if kind is dict:
+        parts = tuple(template(item) for item in value.values())
+        return None if any(part is None for part in parts) else _Container(dict, parts, tuple(value))
+    return None
+
+
+@dataclass(frozen=True)
+class _Immutable:
+    value: Any
+
+
+def build(described: Any, make_fake: Any) -> Any:
+    """A fresh value from a `template`: new FakeTensors and new containers, as staging makes them."""
+    if type(described) is _TensorTemplate:
+        return make_fake.from_snapshot(described.snapshot, described.device, described.requires_grad)
+    if type(described) is _Immutable:
+        return described.value
+    items = [build(part, make_fake) for part in described.parts]
+    kind = described.kind
+    if kind is list:
+        return items
+    if kind is dict:
+        return dict(zip(described.keys, items))
+    if kind is tuple:
+        return tuple(items)
+    if hasattr(kind, "_fields"):
+        return kind(*items)
+    return kind(items)
+
+
+@dataclass(frozen=True)
+class NodeRecording:
+    value: Any             # a `template`
+    tensor_meta: Any
+    value_type: type
+    provenance: Any
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """What one propagation of a graph staged, node by node in graph order, and what it left in ``gm.meta``."""
+    nodes: tuple
+    known_inputs: dict | None
+    summary: dict
+
+
+def replayable_run(nodes: list, recordings: dict) -> tuple | None:
+    """The recordings of ``nodes`` (graph order, up to the output) as an entry keeps them, or None
+    where the run did something a replay would not do again (a fallback, a value not rebuilt)."""
+    kept = []
+    for node in nodes:
+        recording = recordings.get(node)
+        if recording is None or recording.value is None:
+            return None
+        provenance = recording.provenance
+        if provenance.fallback_bytes or provenance.kind is Kind.FALLBACK:
+            return None
+        kept.append(recording)
+    return tuple(kept)
+
+
+def fresh_tensor_meta(tensor_meta: Any) -> Any:
+    """``meta["tensor_meta"]`` as staging makes it: its qparams dict the node's own."""
+    if isinstance(tensor_meta, TensorMetadata):
+        return TensorMetadata(*tensor_meta[:6], dict(tensor_meta.qparams))
+    if isinstance(tensor_meta, (tuple, list)) and not isinstance(tensor_meta, torch.Size):
+        items = [fresh_tensor_meta(item) for item in tensor_meta]
+        if isinstance(tensor_meta, list):
+            return items
+        return type(tensor_meta)(*items) if hasattr(tensor_meta, "_fields") else type(tensor_meta)(items)
+    if isinstance(tensor_meta, dict):
+        return {key: fresh_tensor_meta(item) for key, item in tensor_meta.items()}
+    return tensor_meta
+
+
+def differences(kept: tuple, walked: tuple) -> list[int]:
+    """The positions at which two runs' recordings of one graph differ: values (sizes, strides,
+    offsets, dtypes, devices, requires_grad, which nodes share a storage), types, tensor_meta and provenance."""
+    kept_storages: dict[int, int] = {}
+    walked_storages: dict[int, int] = {}
+    return [position for position, (first, second) in enumerate(zip(kept, walked))
+            if (_comparable(first.value, kept_storages) != _comparable(second.value, walked_storages)
+                or first.value_type is not second.value_type or first.tensor_meta != second.tensor_meta
+                or first.provenance != second.provenance)] + list(range(min(len(kept), len(walked)),
+                                                                       max(len(kept), len(walked))))
+
+
+def _comparable(described: Any, storages: dict[int, int]) -> Any:
+    if type(described) is _TensorTemplate:
+        snapshot = described.snapshot
+        storage = storages.setdefault(storage_key(snapshot), len(storages))
+        return (tuple(snapshot.shape), snapshot.stride(), snapshot.storage_offset(), snapshot.dtype,
+                described.device, described.requires_grad, storage)
+    if type(described) is _Container:
+        return (described.kind, described.keys, tuple(_comparable(part, storages) for part in described.parts))
+    value = described.value
+    return (type(value), "nan") if value != value else (type(value), value)
