@@ -493,16 +493,36 @@ def _dynamo_imported() -> bool:
 
 
 def container_fake_mode() -> FakeTensorMode:
-    """A FakeTensorMode to hold the FakeTensors fxprop writes into ``node.meta["val"]``.
+    """A FakeTensorMode to hold the FakeTensors fxprop writes into ``node.meta["val"]``: one per
+    thread, as long as the settings its constructor reads stay the same.
 
     FakeTensorMode's constructor imports torch._dynamo to read two settings, which costs a
     process that has not imported it yet ~0.4 s and ~45 MB. Until it is imported, the mode is
     built as the constructor builds it, those settings read from the environment as
     torch._dynamo.config reads them (`tests/test_structure.py` checks the two agree).
     """
-    if _dynamo_imported():
-        return FakeTensorMode(allow_non_fake_inputs=True)
-    return fake_mode_without_dynamo()
+    settings = _container_mode_settings()
+    kept = getattr(_container_modes, "kept", None)
+    if kept is not None and kept[0] == settings:
+        return kept[1]
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if settings[0] else fake_mode_without_dynamo()
+    _container_modes.kept = (settings, mode)
+    return mode
+
+
+_container_modes = threading.local()  # one per thread and settings: building one costs ~70 µs (it records its stack)
+
+
+def _container_mode_settings() -> tuple:
+    """What FakeTensorMode's constructor reads (torch._functorch.config, torch._dynamo.config)."""
+    import os
+    import torch._functorch.config as functorch_config
+    imported = _dynamo_imported()
+    dynamo = (torch._dynamo.config.fake_tensor_cache_enabled, torch._dynamo.config.fake_tensor_cache_crosscheck_enabled) \
+        if imported else (os.environ.get("TORCH_FAKE_TENSOR_DISPATCH_CACHE", "1"),
+                          os.environ.get("TORCH_FAKE_TENSOR_DISPATCH_CACHE_CROSSCHECK", "0"))
+    return (imported, functorch_config.fake_tensor_propagate_real_tensors,
+            functorch_config.fake_tensor_allow_unsafe_data_ptr_access, functorch_config.fake_tensor_allow_meta, *dynamo)
 
 
 def fake_mode_without_dynamo() -> FakeTensorMode:

@@ -180,29 +180,55 @@ class StateView:
         return found
 
     def _compute_signature(self, module: nn.Module) -> Hashable:
+        """One flat tuple: each attribute's name, then its type and value (numbers, strings, None)
+        or its `signature`; hook dicts must be empty."""
         cls = type(module)
-        if not cls.__module__.startswith("torch.nn.") or "forward" in module.__dict__:
+        state = module.__dict__
+        if not cls.__module__.startswith("torch.nn.") or "forward" in state:
             raise Uncacheable
         parts: list[Hashable] = [cls, self.param_device]
-        for name, item in module.__dict__.items():
-            if "hook" in name:
+        append = parts.append
+        for name, item in state.items():
+            kind = type(item)
+            if kind in _PLAIN_STATE:
+                if item and "hook" in name:
+                    raise Uncacheable
+                append(name)
+                append(kind)
+                append(item)
+            elif "hook" in name:
                 if item:
                     raise Uncacheable
-                continue
-            if isinstance(item, weakref.ref) or (isinstance(item, list) and item and all(isinstance(r, weakref.ref) for r in item)):
+            elif kind is weakref.ref or (kind is list and item and all(isinstance(r, weakref.ref) for r in item)):
                 continue  # weak references mirror state that is already part of the signature
-            if name == "_modules":
-                parts.append(tuple((k, None if m is None else self.signature(m)) for k, m in item.items()))
-            elif name in ("_parameters", "_buffers"):
-                if any(isinstance(t, UninitializedTensorMixin) for t in item.values()):
-                    raise Uncacheable  # a lazy module: its first call decides its parameters
-                # the values fxprop knows of its state (`remember` above) are part of what it computes
-                parts.append((name, signature(item), tuple((k, tuple(t.detach().reshape(-1).tolist()))
-                                                           for k, t in item.items()
-                                                           if t is not None and values_worth_knowing(t))))
+            elif name == "_modules":
+                append(name)
+                append(tuple([(key, None if child is None else self.signature(child)) for key, child in item.items()]))
+            elif name == "_parameters" or name == "_buffers":
+                append(name)
+                append(self._state_signature(item))
             else:
-                parts.append((name, signature(item)))
+                append(name)
+                append(signature(item))
         return tuple(parts)
+
+    @staticmethod
+    def _state_signature(tensors: dict) -> Hashable:
+        """Parameters or buffers by name, with the values fxprop knows of them (`remember` above:
+        they are part of what it computes)."""
+        parts: list[Hashable] = []
+        for name, tensor in tensors.items():
+            if tensor is None:
+                parts.append((name, None))
+                continue
+            if isinstance(tensor, UninitializedTensorMixin):
+                raise Uncacheable  # a lazy module: its first call decides its parameters
+            known = tuple(tensor.detach().reshape(-1).tolist()) if values_worth_knowing(tensor) else None
+            parts.append((name, type(tensor), signature(tensor), known))
+        return tuple(parts)
+
+
+_PLAIN_STATE = frozenset({bool, int, float, str, type(None)})
 
 
 def _is_container(item: Any) -> bool:

@@ -42,10 +42,10 @@ from .exported import program_inputs, sync_symbols, user_outputs
 from ..aten.index_values import IndexValues
 from .module_state import StateView
 from ..resolve.registry import generation as registry_generation
-from .source import source_line
 from .inputs import TensorSpec, to_internal, traced_example
 from ..torch_compat import own_state, pytree
-from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance, _op_name
+from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance
+from .call_checks import check_arity, check_graph_module, check_output, flatten_inputs
 from .replaying import run_or_replay
 
 DEFAULT_FALLBACK_LIMIT_BYTES = 1 << 30
@@ -91,12 +91,12 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
                             fallback_limit_bytes=fallback_limit_bytes, cache=cache, progress=progress)
         sync_symbols(program)  # range_constraints and unbacked_bindings follow the new annotations
         return user_outputs(program, outputs)
-    _check_graph_module(gm, "propagate")
-    _check_output(gm.graph)
+    check_graph_module(gm, "propagate")
+    check_output(gm.graph)
     options = _Options.checked(param_device, fallback_limit_bytes, cache, progress)
-    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    flat_inputs = _flatten_inputs(gm, inputs)
-    _check_arity(placeholders, flat_inputs)
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    flat_inputs = flatten_inputs(gm, inputs)
+    check_arity(placeholders, flat_inputs)
     with_dtensors = _holds_dtensors(gm, flat_inputs)
     while True:
         symbols = symbolic.SymbolicSession()
@@ -139,8 +139,8 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     >>> sorted(n.name for n in fxprop.repropagate(gm))
     ['cat', 'output']
     """
-    _check_graph_module(gm, "repropagate")
-    _check_output(gm.graph)
+    check_graph_module(gm, "repropagate")
+    check_output(gm.graph)
     options = _Options.checked(param_device, fallback_limit_bytes, cache, None)
     dirty = _downstream_of_edits(gm, edited)
     symbols = symbolic.session_of(gm)
@@ -163,8 +163,22 @@ def _holds_dtensors(gm: torch.fx.GraphModule, inputs: list) -> bool:
     found = []
     map_structure(lambda tensor: found.append(dtensors.is_dtensor(tensor)), inputs)
     return (any(found) or any(isinstance(value, TensorSpec) and value.mesh is not None for value in inputs)
-            or any(dtensors.is_dtensor(tensor) for module in gm.modules() for states in own_state(module)[:2]
-                   for tensor in states.values()))
+            or _state_holds(gm, torch_compat.dtensor_type()))
+
+
+def _state_holds(module: torch.nn.Module, kind: type) -> bool:
+    """Whether a parameter or buffer of ``module`` or of a module it holds is a ``kind``."""
+    pending, seen = [module], {id(module)}
+    while pending:
+        parameters, buffers, submodules = own_state(pending.pop())
+        for tensor in (*parameters.values(), *buffers.values()):
+            if tensor is not None and type(tensor) is not torch.Tensor and isinstance(tensor, kind):
+                return True
+        for child in submodules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                pending.append(child)
+    return False
 
 
 @contextlib.contextmanager
@@ -201,40 +215,6 @@ class _Options:
                              f"{progress!r}")
         memo = rule_cache if cache is True or cache == "verify" else cache if isinstance(cache, RuleCache) else None
         return _Options(param_device, fallback_limit_bytes, memo, cache == "verify" or verify_by_default(), progress)
-
-
-def _check_graph_module(gm: Any, name: str) -> None:
-    if isinstance(gm, torch.fx.GraphModule):
-        return
-    hint = (" (wrap a bare Graph with torch.fx.GraphModule(root_module, graph))" if isinstance(gm, torch.fx.Graph) else
-            " (trace a module first, e.g. torch.fx.symbolic_trace(model) or torch.export.export(model, args).module())"
-            if isinstance(gm, torch.nn.Module) else "")
-    raise InputError(f"{name} expects a torch.fx.GraphModule, got {type(gm).__name__}{hint}")
-
-
-def _check_output(graph: torch.fx.Graph) -> None:
-    """A graph ends in exactly one output node: torch.fx returns at the first output, so nodes
-    after it never run, and without one the graph returns nothing. O(outputs), not O(nodes)."""
-    outputs = graph.find_nodes(op="output")
-    if not outputs:
-        raise InputError("the graph has no output node: a graph ends in one, e.g. graph.output(value) "
-                         "(was it erased, or the graph built without it?)")
-    first = outputs[0]
-    after = first.next
-    if after.op == "root":
-        return
-    if after.op == "output":
-        raise InputError(f"the graph has {len(outputs)} output nodes ({', '.join(_node_text(n) for n in outputs)}): "
-                         "a graph returns at its first output and ends there")
-    raise InputError(f"node {_node_text(after)} comes after the graph's output node %{first.name}: a graph "
-                     "returns at its output, so the nodes after it would never run (insert nodes before the "
-                     "output, e.g. with graph.inserting_before(output))")
-
-
-def _node_text(node: torch.fx.Node) -> str:
-    """``%neg (call_function torch.neg, File "model.py", line 3: y = -x)`` for messages about a node."""
-    where = source_line(node)
-    return f"%{node.name} ({_op_name(node)}{', ' + where if where else ''})"
 
 
 def _downstream_of_edits(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node]) -> set:
@@ -275,29 +255,6 @@ def _may_mutate(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     target = gm.get_submodule(str(node.target)) if node.op == "call_module" else node.target
     return not is_pure(node.op, target, node.args, node.kwargs)
-
-
-def _flatten_inputs(gm: torch.fx.GraphModule, inputs: tuple) -> list:
-    codegen = torch_compat.pytree_codegen(gm)
-    if codegen is not None and codegen.pytree_info.in_spec is not None:
-        try:
-            return list(codegen.process_inputs(*inputs))
-        except Exception as error:
-            raise InputError(f"inputs do not match the graph's input structure "
-                             f"{codegen.pytree_info.in_spec}: {error}") from None
-    return list(inputs)
-
-
-def _check_arity(placeholders: list[torch.fx.Node], inputs: list) -> None:
-    if any(str(node.target).startswith("*") for node in placeholders):
-        return
-    required = [node for node in placeholders if not node.args]
-    if len(required) <= len(inputs) <= len(placeholders):
-        return
-    names = ", ".join(node.name for node in placeholders)
-    expected = (f"{len(placeholders)}" if len(required) == len(placeholders)
-                else f"{len(required)} to {len(placeholders)}")
-    raise InputError(f"the graph takes {expected} inputs ({names}), got {len(inputs)}")
 
 
 class Propagation:

@@ -39,6 +39,9 @@ _PLAIN_ARGUMENTS = frozenset({int, bool, str, type(None), torch.dtype, torch.dev
                               torch.layout, type(Ellipsis)})
 
 
+_replayable_targets: set = set()  # (op, target) pairs `replayable_target` accepted: torch's own, as long-lived as torch
+
+
 class _Unreplayable(Exception):
     """Something in the graph or its call that a key cannot hold: the graph is walked."""
 
@@ -68,15 +71,19 @@ def graph_call(gm: torch.fx.GraphModule, inputs: list, state: Any, known: Any, c
             signer.input(value, out)
         positions = signer.positions
         append = out.append
+        replayable = _replayable_targets
         for node in gm.graph.nodes:
             positions[node] = len(nodes)
             nodes.append(node)
             op = node.op
+            target = node.target
             append(op)
-            append(node.target)
+            append(target)
             if op == "call_function" or op == "call_method":
-                if not replayable_target(op, node.target):
-                    return None
+                if (op, target) not in replayable:
+                    if not replayable_target(op, target):
+                        return None
+                    replayable.add((op, target))
             elif op == "call_module":
                 signer.module(gm, str(node.target), out)
             elif op == "get_attr":
@@ -316,10 +323,13 @@ def replayable_run(nodes: list, recordings: dict) -> tuple | None:
     return tuple(kept)
 
 
+_new_tuple = tuple.__new__  # a named tuple's own constructor, without its per-field arguments
+
+
 def fresh_tensor_meta(tensor_meta: Any) -> Any:
     """``meta["tensor_meta"]`` as staging makes it: its qparams dict the node's own."""
-    if isinstance(tensor_meta, TensorMetadata):
-        return TensorMetadata(*tensor_meta[:6], dict(tensor_meta.qparams))
+    if type(tensor_meta) is TensorMetadata:
+        return _new_tuple(TensorMetadata, (*tensor_meta[:6], tensor_meta[6].copy()))
     if isinstance(tensor_meta, (tuple, list)) and not isinstance(tensor_meta, torch.Size):
         items = [fresh_tensor_meta(item) for item in tensor_meta]
         if isinstance(tensor_meta, list):
