@@ -374,6 +374,29 @@ def test_training_graphs_in_dynamos_shape_env_get_no_guard():
     assert len(graphs) == 2 and added == []
 
 
+class PaddedToChunks(nn.Module):
+    """mamba2's chunked scan pads the sequence to a multiple of the chunk size; the gradient of that
+    padding is a padding by ``-((4 - L % 4) % 4)``, never positive, of a transposed gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(8, 1))
+
+    def forward(self, x):
+        pad = (4 - x.shape[1] % 4) % 4
+        return nn.functional.pad(x, (0, 0, 0, pad)).transpose(1, 2) * self.scale
+
+
+def test_a_padding_by_a_symbolic_amount_never_positive_keeps_the_inputs_layout():
+    """ATen's constant_pad_nd returns a narrowed clone where no pad is positive, which keeps a
+    transposed gradient transposed; the decomposition symbolic pads ran through laid it out
+    contiguous. AOT's graphs, dynamic, each run node by node for real at three lengths."""
+    from corpus.training import check_compiled
+    calls = [{"x": torch.randn(2, length, 8, requires_grad=True)} for length in (8, 6, 5)]
+    outcome = check_compiled(PaddedToChunks(), calls, dynamic=True)
+    assert outcome.status == "OK", "\n".join([outcome.detail, *map(str, outcome.mismatches)])
+
+
 def _differences_from(traced: dict, gm: torch.fx.GraphModule) -> list:
     """Nodes where fxprop's value differs from the one AOT traced (shapes and strides provably equal)."""
     from fxprop.symbolic import definitely_equal

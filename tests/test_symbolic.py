@@ -665,6 +665,70 @@ def test_negative_padding_of_named_dims_assumes_what_real_kernels_narrow_by(pad)
 
 
 
+_PADDED_LAYOUTS = {
+    "transposed": lambda x: x.transpose(1, 2),   # mamba2's gradient of its padding to whole chunks
+    "contiguous": lambda x: x.transpose(1, 2).contiguous(),
+    "sliced": lambda x: x.transpose(1, 2)[:, :, ::2],
+}
+
+
+@pytest.mark.parametrize("layout", list(_PADDED_LAYOUTS), ids=str)
+def test_a_padding_by_a_symbolic_amount_never_positive_is_laid_out_as_atens_kernel_clones_it(layout):
+    """``-((4 - T % 4) % 4)`` is never positive and may be 0: ATen's kernel narrows the input by it
+    and returns a clone, which keeps a dense input's strides and orders another's dims by its
+    strides; torch's decomposition, which symbolic pads run, laid the result out contiguous. The
+    strides are the real kernel's at every length tried, a padding by 0 included."""
+    def padded(x):
+        y = _PADDED_LAYOUTS[layout](x)
+        return F.pad(y, (0, 0, 0, -((4 - y.shape[1] % 4) % 4)))
+    gm = torch.fx.symbolic_trace(padded)
+    fxprop.propagate(gm, TensorSpec((2, 8, "T")))
+    for t in range(2, 12):
+        x = torch.randn(2, 8, t)
+        check_substitution(gm, {T: t}, (x,))
+        check_strides(gm, {T: t}, (x,))
+
+
+def test_decide_is_sound_on_the_padding_to_whole_windows_of_a_symbolic_size():
+    """dynamo's swin graph pads ``H = s//4`` patches to whole windows by ``Mod(4 - Mod(H, 4), 4)``
+    with ``s`` in [20, 35] and ``Mod(s, 4) == 0``: the pad is 3, 2, 1 or 0, so ``pad <= 0`` stays
+    open; it is true only under the guard dynamo took at ``if pad_values[3] > 0 or ...``
+    (transformers' modeling_swin), which the compiled program holds, and which leaves ``s = 32``.
+    Then every decision of ``decide`` over such pads (moduli, ranges, facts) agrees with brute force."""
+    from fxprop.symbolic.deciding import decide
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+
+    def pad_of(step, window):
+        return sympy.Mod(window - sympy.Mod(sympy.floor(s / step), window), window)
+
+    def satisfied(facts, value):
+        return all(bool(fact.subs(s, value)) for fact in facts)
+
+    pad = pad_of(4, 4)
+    divisible = sympy.Eq(sympy.Mod(s, 4), 0)
+    in_range = lambda symbol: (20, 35)  # noqa: E731
+    assert sorted({int(pad.subs(s, v)) for v in range(20, 36) if satisfied([divisible], v)}) == [0, 1, 2, 3]
+    assert decide(pad <= 0, in_range, [divisible]) is None
+    guarded = [divisible, pad <= 0]
+    assert [v for v in range(20, 36) if satisfied(guarded, v)] == [32]
+    assert decide(pad <= 0, in_range, guarded) is True and decide(sympy.Eq(pad, 0), in_range, guarded) is True
+    assert decide(pad < 0, in_range, [divisible]) is False  # a Mod is never negative
+    decided = 0
+    for step, window in ((4, 4), (2, 3), (1, 4), (3, 2)):
+        pad = pad_of(step, window)
+        for lower, upper in ((1, 9), (20, 35), (8, 8), (16, 19)):
+            for facts in ([], [sympy.Eq(sympy.Mod(s, step), 0)], [sympy.Eq(sympy.Mod(s, 4 * step), 0)], [pad <= 1]):
+                values = [v for v in range(lower, upper + 1) if satisfied(facts, v)]
+                for relation in (pad <= 0, pad < 0, sympy.Eq(pad, 0), pad >= 1, pad <= window - 2):
+                    found = decide(relation, lambda symbol: (lower, upper), facts)
+                    truths = {bool(relation.subs(s, v)) for v in values}
+                    if found is not None:
+                        decided += 1
+                        assert truths <= {found}, (relation, lower, upper, facts, found, values)
+    assert decided > 50
+
+
 def test_adaptive_average_pooling_of_a_crop_that_may_be_empty_assumes_it_is_not():
     """The real kernels refuse an empty row or column, the meta kernel accepted one: the pool of
     ``x[:, :, 0:-1:3]`` (empty for H = 1) propagated with no assumption."""

@@ -5,7 +5,7 @@ import torch
 
 from ..engine import session as context
 from ..resolve.registry import rule
-from .. import symbolic
+from ..symbolic import resolve
 from ..torch_compat import canonicalize_dim, check, check_index
 
 aten = torch.ops.aten
@@ -60,19 +60,41 @@ def roll(self, shifts, dims=()):
 
 @rule(aten.constant_pad_nd.default)
 def constant_pad_nd(self, pad, value=0):
-    """Corrects aten.constant_pad_nd's meta kernel. Real kernels first narrow the input by each negative pad
+    """Corrects aten.constant_pad_nd's meta kernel and the decomposition symbolic pads run through
+    (``torch._refs.constant_pad_nd``). Real kernels first narrow the input by each negative pad
     (``narrow(): length must be non-negative.``), which the meta kernel skips with symbolic sizes:
     ``F.pad(x, (-2, 2))`` of a last dim of 1 is refused; with a named dim W it assumes ``W >= 2``.
-    A pad whose sign depends on the sizes is left to the meta kernel (the output's size does not
-    depend on it)."""
+    Where no pad is positive, ATen's kernel returns a clone of the narrowed input, which keeps the
+    input's layout; the decomposition does so only where every pad is negative (the gradient of a
+    padding by a symbolic amount, ``-((4 - L % 4) % 4)`` in mamba2's chunks, is never positive and
+    may be zero); where the narrowed input is known row-major that clone is too, and the meta
+    kernel's result stands (`_known_row_major`). A pad whose sign depends on the sizes is left to
+    the meta kernel (the output's size does not depend on it)."""
     dims = self.dim()
     if len(pad) % 2 or len(pad) // 2 > dims:
         return aten.constant_pad_nd.default(self, pad, value)  # its own message
     narrowed = self
     for dim in range(dims - len(pad) // 2, dims):
         before, after = pad[2 * (dims - dim - 1)], pad[2 * (dims - dim - 1) + 1]
-        if symbolic.resolve(before < 0) is True:
+        if resolve(before <= 0) is True:
             narrowed = narrowed.narrow(dim, -before, narrowed.shape[dim] + before)
-        if symbolic.resolve(after < 0) is True:
+        if resolve(after <= 0) is True:
             narrowed = narrowed.narrow(dim, 0, narrowed.shape[dim] + after)
+    if (any(isinstance(p, torch.SymInt) for p in pad) and all(resolve(p <= 0) is True for p in pad)
+            and not _known_row_major(narrowed)):
+        return narrowed.clone()
     return aten.constant_pad_nd.default(self, pad, value)
+
+
+def _known_row_major(tensor: torch.Tensor) -> bool:
+    """Whether every size is known to be at least 2 and the strides are known to fall from each dim
+    to the next: then ATen's clone, which keeps a dense tensor's strides and orders any other's
+    dims by their strides (``infer_dense_strides``), is row-major as the meta kernel lays its
+    result out, and the meta kernel's expressions are the ones a compiler's ShapeEnv matches (in
+    dynamo's swin graph a pad guarded to be 0, ``Mod(4 - Mod(H, 4), 4) <= 0``, leaves the padded
+    sizes ``H + Mod(...)``; the input's strides in ``H`` equal them only under that guard)."""
+    shape, stride = tensor.shape, tensor.stride()
+    if not all(resolve(size >= 2) is True for size in shape):
+        return False
+    return all(resolve(stride[dim] > stride[dim + 1]) is True for dim in range(len(shape) - 1))
+
