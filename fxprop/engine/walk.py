@@ -12,7 +12,7 @@ from .. import symbolic, torch_compat
 from .blame import blame, boundary
 from .composite_kernels import check_composite_kernel, composite_kernels_asked, may_run_a_kernel_of_its_own
 from ..memo.cache import same_result
-from ..memo.replay import NodeRecording, fresh_tensor_meta, template
+from ..memo.replay import NodeRecording, template
 from .metadata import map_structure, tensor_metadata
 from .session import NodeRecord
 from ..devices import device_of, merge_devices, tag
@@ -316,7 +316,7 @@ class GraphWalk:
         self.propagation.staged[node] = (fake, tensor_meta, type(value), provenance)
         recordings = self.propagation.recordings
         if recordings is not None and self.gm is self.propagation.gm:
-            recordings[node] = NodeRecording(template(value), fresh_tensor_meta(tensor_meta), type(value), provenance)
+            recordings[node] = NodeRecording(template(value), tensor_meta, type(value), provenance)
 
     def staged_output(self) -> Any:
         if self.output_node is None:

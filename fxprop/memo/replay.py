@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, NamedTuple
 
 import torch
 import torch.fx
@@ -234,51 +234,55 @@ def _values(tensor: torch.Tensor) -> tuple:
 
 # --- what a propagation staged, kept to be built again ----------------------------------------
 
-@dataclass(frozen=True)
-class _TensorTemplate:
+class _TensorTemplate(NamedTuple):
     snapshot: torch.Tensor  # a private alias of the value as it was staged
     device: torch.device
     requires_grad: bool
 
 
-@dataclass(frozen=True)
-class _Container:
+class _Container(NamedTuple):
     kind: type
     parts: tuple
-    keys: tuple | None = None  # a dict's keys
+    keys: tuple | None  # a dict's keys
+
+
+class _Immutable(NamedTuple):
+    value: Any
+
+
+_new_tuple = tuple.__new__  # a named tuple's own constructor, without its per-field arguments
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def template(value: Any) -> Any:
     """A description of a staged value that later calls build fresh FakeTensors from; None
     where the value holds something that cannot be built again (a user's object)."""
-    if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter):
-            return None
-        return _TensorTemplate(value.detach(), device_of(value), value.requires_grad)
-    if isinstance(value, _IMMUTABLE):
-        return _Immutable(value)
     kind = type(value)
+    if kind in _PLAIN_TENSORS:
+        if value.layout is not torch.strided:
+            return None
+        return _new_tuple(_TensorTemplate, (value.detach(), device_of(value), value.requires_grad))
+    if isinstance(value, torch.Tensor):
+        return None  # a subclass: its own state would not be built again
+    if isinstance(value, _IMMUTABLE):
+        return _new_tuple(_Immutable, (value,))
     if kind in (tuple, list) or kind.__module__ == "torch.return_types" or (
             issubclass(kind, tuple) and hasattr(kind, "_fields")):
-        parts = tuple(template(item) for item in value)
-        return None if any(part is None for part in parts) else _Container(kind, parts)
+        parts = tuple([template(item) for item in value])
+        return None if None in parts else _Container(kind, parts, None)
     if kind is dict:
-        parts = tuple(template(item) for item in value.values())
-        return None if any(part is None for part in parts) else _Container(dict, parts, tuple(value))
+        parts = tuple([template(item) for item in value.values()])
+        return None if None in parts else _Container(dict, parts, tuple(value))
     return None
-
-
-@dataclass(frozen=True)
-class _Immutable:
-    value: Any
 
 
 def build(described: Any, make_fake: Any) -> Any:
     """A fresh value from a `template`: new FakeTensors and new containers, as staging makes them."""
-    if type(described) is _TensorTemplate:
-        return make_fake.from_snapshot(described.snapshot, described.device, described.requires_grad)
-    if type(described) is _Immutable:
-        return described.value
+    kind = type(described)
+    if kind is _TensorTemplate:
+        return make_fake.from_snapshot(*described)
+    if kind is _Immutable:
+        return described[0]
     items = [build(part, make_fake) for part in described.parts]
     kind = described.kind
     if kind is list:
@@ -292,10 +296,9 @@ def build(described: Any, make_fake: Any) -> Any:
     return kind(items)
 
 
-@dataclass(frozen=True)
-class NodeRecording:
+class NodeRecording(NamedTuple):
     value: Any             # a `template`
-    tensor_meta: Any
+    tensor_meta: Any       # as staged: `fresh_tensor_meta` builds each replay's own
     value_type: type
     provenance: Any
 
@@ -323,13 +326,13 @@ def replayable_run(nodes: list, recordings: dict) -> tuple | None:
     return tuple(kept)
 
 
-_new_tuple = tuple.__new__  # a named tuple's own constructor, without its per-field arguments
 
 
 def fresh_tensor_meta(tensor_meta: Any) -> Any:
-    """``meta["tensor_meta"]`` as staging makes it: its qparams dict the node's own."""
-    if type(tensor_meta) is TensorMetadata:
-        return _new_tuple(TensorMetadata, (*tensor_meta[:6], tensor_meta[6].copy()))
+    """``meta["tensor_meta"]`` as staging makes it (`fxprop.engine.metadata.tensor_metadata`: never
+    quantized), its qparams dict the node's own: whatever a caller wrote into the first one stays there."""
+    if type(tensor_meta) is TensorMetadata:  # fxprop's own: never quantized, its qparams empty
+        return _new_tuple(TensorMetadata, (*tensor_meta[:6], {}))
     if isinstance(tensor_meta, (tuple, list)) and not isinstance(tensor_meta, torch.Size):
         items = [fresh_tensor_meta(item) for item in tensor_meta]
         if isinstance(tensor_meta, list):
@@ -347,7 +350,8 @@ def differences(kept: tuple, walked: tuple) -> list[int]:
     walked_storages: dict[int, int] = {}
     return [position for position, (first, second) in enumerate(zip(kept, walked))
             if (_comparable(first.value, kept_storages) != _comparable(second.value, walked_storages)
-                or first.value_type is not second.value_type or first.tensor_meta != second.tensor_meta
+                or first.value_type is not second.value_type
+                or fresh_tensor_meta(first.tensor_meta) != fresh_tensor_meta(second.tensor_meta)
                 or first.provenance != second.provenance)] + list(range(min(len(kept), len(walked)),
                                                                        max(len(kept), len(walked))))
 
