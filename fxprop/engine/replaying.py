@@ -41,12 +41,13 @@ def _replay(propagation: Any, call: replay.GraphCall, entry: replay.GraphEntry) 
     progress = propagation.options.progress
     total = len(propagation.gm.graph.nodes)
     make_fake, staged = propagation.make_fake, propagation.staged
-    build, fresh_tensor_meta = replay.build, replay.fresh_tensor_meta
-    for index, (node, recording) in enumerate(zip(call.nodes, entry.nodes)):
+    from_snapshot, build, fresh_tensor_meta = make_fake.from_snapshot, replay.build, replay.fresh_tensor_meta
+    tensor_template = replay.TensorTemplate
+    for index, (node, (value, tensor_meta, value_type, provenance)) in enumerate(zip(call.nodes, entry.nodes)):
         if progress is not None:
             progress(index, total)
-        staged[node] = (build(recording.value, make_fake), fresh_tensor_meta(recording.tensor_meta),
-                        recording.value_type, recording.provenance)
+        fake = from_snapshot(*value) if type(value) is tensor_template else build(value, make_fake)
+        staged[node] = (fake, fresh_tensor_meta(tensor_meta), value_type, provenance)
     if progress is not None:
         progress(total, total)
     if entry.known_inputs is not None:

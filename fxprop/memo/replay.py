@@ -90,8 +90,9 @@ def graph_call(gm: torch.fx.GraphModule, inputs: list, state: Any, known: Any, c
                 signer.attribute(gm, str(node.target), out)
             elif op not in ("placeholder", "output"):
                 return None
-            append(len(node.args))
-            for argument in node.args:
+            arguments = node.args
+            append(len(arguments))
+            for argument in arguments:
                 kind = type(argument)
                 if kind is torch.fx.Node:
                     append(positions[argument])  # KeyError: used before defined, which the walk reports
@@ -100,8 +101,9 @@ def graph_call(gm: torch.fx.GraphModule, inputs: list, state: Any, known: Any, c
                     append(argument)
                 else:
                     signer.argument(argument, out)
-            if node.kwargs:
-                signer.argument(node.kwargs, out)
+            keywords = node.kwargs
+            if keywords:
+                signer.argument(keywords, out)
             else:
                 append(None)
             if op == "output":
@@ -234,7 +236,7 @@ def _values(tensor: torch.Tensor) -> tuple:
 
 # --- what a propagation staged, kept to be built again ----------------------------------------
 
-class _TensorTemplate(NamedTuple):
+class TensorTemplate(NamedTuple):
     snapshot: torch.Tensor  # a private alias of the value as it was staged
     device: torch.device
     requires_grad: bool
@@ -261,7 +263,7 @@ def template(value: Any) -> Any:
     if kind in _PLAIN_TENSORS:
         if value.layout is not torch.strided:
             return None
-        return _new_tuple(_TensorTemplate, (value.detach(), device_of(value), value.requires_grad))
+        return _new_tuple(TensorTemplate, (value.detach(), device_of(value), value.requires_grad))
     if isinstance(value, torch.Tensor):
         return None  # a subclass: its own state would not be built again
     if isinstance(value, _IMMUTABLE):
@@ -279,7 +281,7 @@ def template(value: Any) -> Any:
 def build(described: Any, make_fake: Any) -> Any:
     """A fresh value from a `template`: new FakeTensors and new containers, as staging makes them."""
     kind = type(described)
-    if kind is _TensorTemplate:
+    if kind is TensorTemplate:
         return make_fake.from_snapshot(*described)
     if kind is _Immutable:
         return described[0]
@@ -357,7 +359,7 @@ def differences(kept: tuple, walked: tuple) -> list[int]:
 
 
 def _comparable(described: Any, storages: dict[int, int]) -> Any:
-    if type(described) is _TensorTemplate:
+    if type(described) is TensorTemplate:
         snapshot = described.snapshot
         storage = storages.setdefault(storage_key(snapshot), len(storages))
         return (tuple(snapshot.shape), snapshot.stride(), snapshot.storage_offset(), snapshot.dtype,
