@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils.hooks import RemovableHandle
 
-from ..memo.cache import Uncacheable, signature
+from ..memo.cache import Uncacheable, signature, values_signature
 from ..devices import normalize_device, tag
 from .known_values import KnownValues
 from ..distributed.dtensors import as_parameter, internal_dtensor, is_dtensor
@@ -197,7 +197,7 @@ class StateView:
                 if any(isinstance(t, UninitializedTensorMixin) for t in item.values()):
                     raise Uncacheable  # a lazy module: its first call decides its parameters
                 # the values fxprop knows of its state (`remember` above) are part of what it computes
-                parts.append((name, signature(item), tuple((k, tuple(t.detach().reshape(-1).tolist()))
+                parts.append((name, signature(item), tuple((k, values_signature(t))
                                                            for k, t in item.items()
                                                            if t is not None and values_worth_knowing(t))))
             else:

@@ -28,8 +28,9 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ..devices import device_of
 from ..kinds import Kind
-from ..torch_compat import any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered, own_state, storage_key
-from .cache import Uncacheable, _Key, signature
+from ..torch_compat import (any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered,
+                            neg_view, own_state, storage_key)
+from .cache import Uncacheable, _Key, signature, values_signature
 from .purity import replayable_target
 
 # What a replayed value may hold besides tensors and containers: values nobody can change in place.
@@ -130,7 +131,7 @@ class _Signer:
                 raise _Unreplayable  # internal inputs are plain meta tensors; anything else is not signed here
             known = self.known.get(value)
             out.extend((torch.Tensor, self.identity(value), self.storages.setdefault(storage_key(value), len(self.storages)),
-                        signature(value), _values(known) if known is not None else None))
+                        signature(value), values_signature(known) if known is not None else None))
         elif isinstance(value, (tuple, list)):
             out.extend((type(value), len(value)))
             for item in value:
@@ -177,7 +178,7 @@ class _Signer:
             from ..engine.inputs import values_worth_knowing
             if type(owner) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
                 raise _Unreplayable
-            values = _values(owner) if values_worth_knowing(owner) else None
+            values = values_signature(owner) if values_worth_knowing(owner) else None
             out.extend((type(owner), self.identity(owner), signature(owner), values))
         elif isinstance(owner, torch.nn.Module):
             raise _Unreplayable  # a module as a value (a subgraph, a submodule passed along)
@@ -221,10 +222,6 @@ def _state_tensors(module: torch.nn.Module):
             yield from _state_tensors(submodule)
 
 
-def _values(tensor: torch.Tensor) -> tuple:
-    return (tensor.dtype, tuple(tensor.detach().reshape(-1).tolist()))
-
-
 # --- what a propagation staged, kept to be built again ----------------------------------------
 
 @dataclass(frozen=True)
@@ -245,7 +242,8 @@ def template(value: Any) -> Any:
     """A description of a staged value that later calls build fresh FakeTensors from; None
     where the value holds something that cannot be built again (a user's object)."""
     if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter):
+        if (value.layout is not torch.strided or type(value) not in (torch.Tensor, torch.nn.Parameter)
+                or value.device.type != "meta"):
             return None
         return _TensorTemplate(value.detach(), device_of(value), value.requires_grad)
     if isinstance(value, _IMMUTABLE):
@@ -266,13 +264,49 @@ class _Immutable:
     value: Any
 
 
-def build(described: Any, make_fake: Any) -> Any:
-    """A fresh value from a `template`: new FakeTensors and new containers, as staging makes them."""
+def _on_own_storage(tensor: torch.Tensor, storages: dict) -> torch.Tensor:
+    """``tensor``'s view (sizes, strides, offset, conj and neg bits) of a new meta storage of the same
+    size, one per storage of the originals: the copies alias each other as the originals do, and
+    nothing else (resizing one graph's storage must not reach another graph's annotations)."""
+    key = storage_key(tensor)
+    storage = storages.get(key)
+    if storage is None:
+        storage = storages[key] = torch.UntypedStorage(tensor.untyped_storage().nbytes(), device="meta")
+    fresh = torch.empty((0,), dtype=tensor.dtype, device="meta").set_(storage, tensor.storage_offset(), tensor.shape,
+                                                                      tensor.stride())
+    if tensor.is_conj():
+        fresh = fresh.conj()
+    if tensor.is_neg():
+        fresh = neg_view(fresh)
+    return fresh
+
+
+def private(recordings: tuple) -> tuple:
+    """A walk's recordings whose snapshots share no storage with the walk's values (the first
+    graph's annotations alias those), taken at the walk's end: a storage the graph resized later is
+    seen at its final size by every node, as the walk's annotations see it."""
+    storages: dict = {}
+
+    def copied(described: Any) -> Any:
+        if type(described) is _TensorTemplate:
+            return _TensorTemplate(_on_own_storage(described.snapshot, storages), described.device,
+                                   described.requires_grad)
+        if type(described) is _Container:
+            return _Container(described.kind, tuple(copied(part) for part in described.parts), described.keys)
+        return described
+    return tuple(NodeRecording(copied(recording.value), recording.tensor_meta, recording.value_type,
+                               recording.provenance) for recording in recordings)
+
+
+def build(described: Any, make_fake: Any, storages: dict) -> Any:
+    """A fresh value from a `template`: new FakeTensors over new storages (``storages``: the ones
+    this replay made so far, by the snapshot's storage) and new containers, as staging makes them."""
     if type(described) is _TensorTemplate:
-        return make_fake.from_snapshot(described.snapshot, described.device, described.requires_grad)
+        return make_fake.from_snapshot(_on_own_storage(described.snapshot, storages), described.device,
+                                       described.requires_grad)
     if type(described) is _Immutable:
         return described.value
-    items = [build(part, make_fake) for part in described.parts]
+    items = [build(part, make_fake, storages) for part in described.parts]
     kind = described.kind
     if kind is list:
         return items
@@ -297,7 +331,7 @@ class NodeRecording:
 class GraphEntry:
     """What one propagation of a graph staged, node by node in graph order, and what it left in ``gm.meta``."""
     nodes: tuple
-    known_inputs: dict | None
+    known_inputs: dict | None  # the real values of inputs passed for real, by the placeholder's position
     summary: dict
 
 
