@@ -472,3 +472,23 @@ def test_lazy_conjugations_and_negations_are_kept():
         out = next(node for node in annotated.graph.nodes if node.op == "output").meta["val"]
         assert [(t.is_conj(), t.is_neg()) for t in out] == [(t.is_conj(), t.is_neg()) for t in real] == [(True, False),
                                                                                                           (False, True)]
+
+
+def test_a_container_attribute_the_graph_appends_to_is_the_users_own():
+    """get_attr of a list the graph then appends to: every propagation sees the list as the user
+    holds it, and leaves it so (a walk appended to the user's list, and the next call's key changed)."""
+    root = torch.nn.Module()
+    root.sizes = [2, 3]
+
+    def build(graph):
+        graph.placeholder("x")
+        sizes = graph.get_attr("sizes")
+        graph.call_method("append", (sizes, 4))
+        graph.output(graph.call_function(torch.zeros, (graph.call_function(len, (sizes,)),)))
+
+    graph = torch.fx.Graph()
+    build(graph)
+    gm = torch.fx.GraphModule(root, graph)
+    cache = fxprop.RuleCache()
+    shapes = [tuple(fxprop.propagate(gm, torch.ones(1), cache=cache).shape) for _ in range(2)]
+    assert gm.sizes == [2, 3] and shapes == [(3,), (3,)] and replays(cache) == 1

@@ -92,7 +92,7 @@ class StateView:
             return self.tensor(value)
         if isinstance(value, nn.Module):
             return self.shadow(value)
-        return value
+        return self._detached(value)  # a container (a list attribute the graph appends to): this call's copy
 
     def shadow(self, module: nn.Module) -> nn.Module:
         """A shallow copy of ``module`` whose tensors are meta stand-ins."""
