@@ -88,6 +88,9 @@ def is_composite_implicit(op: OpOverload) -> bool:
     any dispatch mode, so a mode sees its parts, never the op itself."""
     return has_kernel(op.name(), "CompositeImplicitAutograd")
 set_grad_enabled_op = torch._C._set_grad_enabled
+set_fwd_grad_enabled_op = torch._C._set_fwd_grad_enabled
+dual_level_ops = (torch._C._enter_dual_level, torch._C._exit_dual_level)  # forward AD's process-wide level
+neg_view = torch._neg_view
 DelayedError = torch._C._functions.DelayedError
 make_subclass = torch.Tensor._make_subclass
 set_throw_on_mutable_data_ptr = torch._C._set_throw_on_mutable_data_ptr

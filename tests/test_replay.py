@@ -29,7 +29,7 @@ def annotations(gm: torch.fx.GraphModule) -> list:
         if isinstance(value, torch.Tensor):
             storage = storages.setdefault(value.untyped_storage()._cdata, len(storages))
             return ("tensor", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
-                    value.requires_grad, storage)
+                    value.requires_grad, value.is_conj(), value.is_neg(), storage)
         if isinstance(value, (tuple, list)):
             return (type(value), tuple(described(item) for item in value))
         return (type(value), value)
@@ -328,3 +328,167 @@ def test_threads_replaying_one_graph_agree():
         thread.join()
     assert not errors and len(results) == 20
     assert all(result == annotations(expected) for result in results)
+
+
+def _graph(build) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    build(graph)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_the_sign_of_a_known_zero_is_part_of_the_key():
+    """-0.0 == 0.0, yet copysign tells them apart: known values are keyed by their bits."""
+    import math
+    import operator
+
+    def build(extra):
+        def built(graph):
+            x, s = graph.placeholder("x"), graph.placeholder("s")
+            sign = graph.call_function(math.copysign, (1.0, graph.call_method("item", (s,))))
+            size = graph.call_function(int, (graph.call_function(operator.add, (sign, extra)),))
+            graph.output(graph.call_function(torch.zeros, (size,)))
+        return _graph(built)
+
+    cache = fxprop.RuleCache()
+    fxprop.propagate(build(2.0), torch.ones(2), torch.tensor(0.0), cache=cache)
+    for gm in (build(2.0), build(3.0)):  # the same graph (a replay), another graph (the rule cache: copysign's -0.0)
+        out = fxprop.propagate(gm, torch.ones(2), torch.tensor(-0.0), cache=cache)
+        assert tuple(out.shape) == tuple(gm(torch.ones(2), torch.tensor(-0.0)).shape)
+
+
+def test_replayed_values_share_no_storage_with_other_graphs():
+    """A pass that resizes one graph's annotation (its meta storage) changes no other graph's."""
+    gm = torch.fx.symbolic_trace(lambda x: x.sin())
+    cache = fxprop.RuleCache()
+    graphs = [fresh(gm) for _ in range(3)]
+    for copied in graphs[:2]:
+        fxprop.propagate(copied, TensorSpec((4,)), cache=cache)
+    assert replays(cache) == 1
+
+    def sin(copied):
+        return next(node for node in copied.graph.nodes if node.name == "sin").meta["val"]
+    assert sin(graphs[0]).untyped_storage()._cdata != sin(graphs[1]).untyped_storage()._cdata
+    sin(graphs[0]).untyped_storage().resize_(4096)
+    assert sin(graphs[1]).untyped_storage().nbytes() == 16
+    fxprop.propagate(graphs[2], TensorSpec((4,)), cache=cache)
+    assert replays(cache) == 2 and sin(graphs[2]).untyped_storage().nbytes() == 16
+
+
+def test_known_inputs_follow_the_placeholders_names():
+    """What repropagate reads (``gm.meta``) is keyed by the replayed graph's own placeholder names."""
+    from fxprop.engine.walk import KNOWN_INPUTS
+    first = torch.fx.symbolic_trace(lambda x, i: x[i] * 2)
+    second = copy.deepcopy(first)
+    placeholder = next(node for node in second.graph.nodes if node.name == "i")
+    placeholder.name = "renamed"
+    second.recompile()
+    cache = fxprop.RuleCache()
+    for gm in (first, second):
+        fxprop.propagate(gm, torch.randn(5, 3), torch.tensor([0, 4]), cache=cache)
+    assert replays(cache) == 1
+    assert list(second.meta[KNOWN_INPUTS]) == ["renamed"]
+
+
+def test_settings_a_graph_leaves_changed_are_changed_by_every_propagation():
+    """A walk runs use_deterministic_algorithms(True) as real execution does; a replay must too."""
+    def build(graph):
+        x = graph.placeholder("x")
+        graph.call_function(torch.use_deterministic_algorithms, (True,))
+        graph.output(graph.call_function(torch.sin, (x,)))
+
+    gm = _graph(build)
+    cache = fxprop.RuleCache()
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for _ in range(2):
+            torch.use_deterministic_algorithms(False)
+            fxprop.propagate(fresh(gm), TensorSpec((2,)), cache=cache)
+            assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def test_a_forward_ad_level_open_in_the_caller_refuses_as_a_walk_does():
+    import operator
+    import torch.autograd.forward_ad as fwAD
+
+    def build(graph):
+        x, t = graph.placeholder("x"), graph.placeholder("t")
+        level = graph.call_function(torch._C._enter_dual_level, ())
+        dual = graph.call_function(torch._make_dual, (x, t), {"level": level})
+        unpacked = graph.call_function(torch._unpack_dual, (dual,), {"level": level})
+        tangent = graph.call_function(operator.getitem, (unpacked, 1))
+        graph.call_function(torch._C._exit_dual_level, (), {"level": level})
+        graph.output(tangent)
+
+    gm = _graph(build)
+    cache = fxprop.RuleCache()
+    fxprop.propagate(fresh(gm), torch.randn(3), torch.randn(3), cache=cache)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError):
+            gm(torch.randn(3), torch.randn(3))
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(fresh(gm), torch.randn(3), torch.randn(3), cache=cache)
+    assert caught.value.error_type is RuntimeError
+
+
+def test_process_state_a_call_reads_is_read_on_every_propagation():
+    """torch.initial_seed() takes no argument: its answer is the process's, never a cached one."""
+    import operator
+
+    def build(extra):
+        def built(graph):
+            graph.placeholder("x")
+            seed = graph.call_function(torch.initial_seed, ())
+            size = graph.call_function(operator.add, (graph.call_function(operator.mod, (seed, 5)), extra))
+            graph.output(graph.call_function(torch.zeros, (size,)))
+        return _graph(built)
+
+    cache = fxprop.RuleCache()
+    state = torch.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        fxprop.propagate(build(1), torch.ones(1), cache=cache)
+        torch.manual_seed(3)
+        for gm in (build(1), build(2)):  # the same graph (a replay), another graph (the rule cache)
+            out = fxprop.propagate(gm, torch.ones(1), cache=cache)
+            assert tuple(out.shape) == tuple(gm(torch.ones(1)).shape)
+    finally:
+        torch.set_rng_state(state)
+
+
+def test_lazy_conjugations_and_negations_are_kept():
+    """x.conj() is a view with the conjugate bit, its .imag one with the negative bit: a second
+    conj node (a rule-cache hit) and a replay keep them, as real execution does."""
+    gm = torch.fx.symbolic_trace(lambda x: (x.conj(), x.conj().imag))
+    x = torch.randn(2, 3, dtype=torch.complex64)
+    cache = fxprop.RuleCache()
+    first, second = fresh(gm), fresh(gm)
+    fxprop.propagate(first, x, cache=cache)
+    fxprop.propagate(second, x, cache=cache)
+    assert replays(cache) == 1
+    real = gm(x)
+    for annotated in (first, second):
+        out = next(node for node in annotated.graph.nodes if node.op == "output").meta["val"]
+        assert [(t.is_conj(), t.is_neg()) for t in out] == [(t.is_conj(), t.is_neg()) for t in real] == [(True, False),
+                                                                                                          (False, True)]
+
+
+def test_a_container_attribute_the_graph_appends_to_is_the_users_own():
+    """get_attr of a list the graph then appends to: every propagation sees the list as the user
+    holds it, and leaves it so (a walk appended to the user's list, and the next call's key changed)."""
+    root = torch.nn.Module()
+    root.sizes = [2, 3]
+
+    def build(graph):
+        graph.placeholder("x")
+        sizes = graph.get_attr("sizes")
+        graph.call_method("append", (sizes, 4))
+        graph.output(graph.call_function(torch.zeros, (graph.call_function(len, (sizes,)),)))
+
+    graph = torch.fx.Graph()
+    build(graph)
+    gm = torch.fx.GraphModule(root, graph)
+    cache = fxprop.RuleCache()
+    shapes = [tuple(fxprop.propagate(gm, torch.ones(1), cache=cache).shape) for _ in range(2)]
+    assert gm.sizes == [2, 3] and shapes == [(3,), (3,)] and replays(cache) == 1

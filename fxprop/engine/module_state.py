@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils.hooks import RemovableHandle
 
-from ..memo.cache import Uncacheable, signature
+from ..memo.cache import Uncacheable, signature, values_signature
 from ..devices import normalize_device, tag
 from .known_values import KnownValues
 from ..distributed.dtensors import as_parameter, internal_dtensor, is_dtensor
@@ -92,7 +92,7 @@ class StateView:
             return self.tensor(value)
         if isinstance(value, nn.Module):
             return self.shadow(value)
-        return value
+        return self._detached(value)  # a container (a list attribute the graph appends to): this call's copy
 
     def shadow(self, module: nn.Module) -> nn.Module:
         """A shallow copy of ``module`` whose tensors are meta stand-ins."""
@@ -223,7 +223,7 @@ class StateView:
                 continue
             if isinstance(tensor, UninitializedTensorMixin):
                 raise Uncacheable  # a lazy module: its first call decides its parameters
-            known = tuple(tensor.detach().reshape(-1).tolist()) if values_worth_knowing(tensor) else None
+            known = values_signature(tensor) if values_worth_knowing(tensor) else None
             parts.append((name, type(tensor), signature(tensor), known))
         return tuple(parts)
 

@@ -439,8 +439,7 @@ class Propagation:
         for node in self.gm.graph.nodes:
             provenance = node.meta.get("fxprop")
             if isinstance(provenance, Provenance):
-                kind = provenance.kind._value_  # the enum's value without its descriptor (per node)
-                kinds[kind] = kinds.get(kind, 0) + 1
+                kinds[provenance.kind.value] = kinds.get(provenance.kind.value, 0) + 1
                 fallback_bytes += provenance.fallback_bytes
         if self.known_inputs is not None:
             # The values of inputs passed for real that rules may read: kept so that a repropagate

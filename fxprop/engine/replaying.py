@@ -41,17 +41,17 @@ def _replay(propagation: Any, call: replay.GraphCall, entry: replay.GraphEntry) 
     progress = propagation.options.progress
     total = len(propagation.gm.graph.nodes)
     make_fake, staged = propagation.make_fake, propagation.staged
-    from_snapshot, build, fresh_tensor_meta = make_fake.from_snapshot, replay.build, replay.fresh_tensor_meta
-    tensor_template = replay.TensorTemplate
+    build, fresh_tensor_meta = replay.build, replay.fresh_tensor_meta
+    storages: dict = {}  # this replay's own meta storages, by the snapshot's storage
     for index, (node, (value, tensor_meta, value_type, provenance)) in enumerate(zip(call.nodes, entry.nodes)):
         if progress is not None:
             progress(index, total)
-        fake = from_snapshot(*value) if type(value) is tensor_template else build(value, make_fake)
-        staged[node] = (fake, fresh_tensor_meta(tensor_meta), value_type, provenance)
+        staged[node] = (build(value, make_fake, storages), fresh_tensor_meta(tensor_meta), value_type, provenance)
     if progress is not None:
         progress(total, total)
-    if entry.known_inputs is not None:
-        propagation.known_inputs = {name: real.clone() for name, real in entry.known_inputs.items()}
+    if entry.known_inputs is not None:  # by position: this graph's placeholders may be named otherwise
+        propagation.known_inputs = {call.nodes[position].name: real.clone()
+                                    for position, real in entry.known_inputs.items()}
     propagation.commit()
     propagation.gm.meta["fxprop"].update(copy.deepcopy(entry.summary))
     return staged[call.nodes[-1]][0]
@@ -66,9 +66,13 @@ def _keep_or_compare(propagation: Any, call: replay.GraphCall, entry: replay.Gra
         return
     if entry is None:
         known = propagation.known_inputs
-        known_inputs = {name: real.clone() for name, real in known.items()} if known is not None else None
+        known_inputs = None
+        if known is not None:
+            known_inputs = {position: known[node.name].clone() for position, node in enumerate(call.nodes)
+                            if node.op == "placeholder" and node.name in known}
         summary = copy.deepcopy(propagation.symbols.summary())
-        propagation.options.memo.keep_graph(call.key, replay.GraphEntry(recorded, known_inputs, summary))
+        propagation.options.memo.keep_graph(call.key, replay.GraphEntry(replay.private(recorded), known_inputs,
+                                                                        summary))
         return
     differing = replay.differences(entry.nodes, recorded)
     if differing:

@@ -12,6 +12,7 @@ from .. import symbolic, torch_compat
 from .blame import blame, boundary
 from .composite_kernels import check_composite_kernel, composite_kernels_asked, may_run_a_kernel_of_its_own
 from ..memo.cache import same_result
+from ..memo.purity import reads_process_state
 from ..memo.replay import NodeRecording, template
 from .metadata import map_structure, tensor_metadata
 from .session import NodeRecord
@@ -222,7 +223,7 @@ class GraphWalk:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
                     self.propagation.refresh_environment()
-            elif hit is None and not created_symbols:
+            elif hit is None and not created_symbols and not reads_process_state(node, value):
                 values = self.propagation.values_held_by(value)
                 if values is not None:  # None: values too large to keep with the entry, so it is not kept
                     memo.store(call, value, provenance, values)
@@ -316,7 +317,8 @@ class GraphWalk:
         self.propagation.staged[node] = (fake, tensor_meta, type(value), provenance)
         recordings = self.propagation.recordings
         if recordings is not None and self.gm is self.propagation.gm:
-            recordings[node] = NodeRecording(template(value), tensor_meta, type(value), provenance)
+            described = None if reads_process_state(node, value) else template(value)  # None: walked every time
+            recordings[node] = NodeRecording(described, tensor_meta, type(value), provenance)
 
     def staged_output(self) -> Any:
         if self.output_node is None:

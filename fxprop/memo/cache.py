@@ -16,6 +16,7 @@ A hit replays what the call cost: fallback bytes count against the call's cap ag
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ def _slice_signature(value: slice) -> Hashable:
 _BY_TYPE = {tuple: _sequence_signature, list: _sequence_signature, torch.Size: _sequence_signature,
             dict: _dict_signature, set: _set_signature, frozenset: _set_signature, slice: _slice_signature}
 _BY_TYPE.update({plain: (lambda value: (type(value), value)) for plain in _PLAIN})
+# -0.0 == 0.0 (and hashes alike), yet copysign, atan2 and 1 / x tell them apart
+_BY_TYPE[float] = lambda value: (float, value, math.copysign(1.0, value))
+_BY_TYPE[complex] = lambda value: (complex, value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
 
 
 def signature(value: Any) -> Hashable:
@@ -83,6 +87,15 @@ def signature(value: Any) -> Hashable:
         if isinstance(value, kind):
             return (type(value), summarize(value))
     raise Uncacheable
+
+
+def values_signature(tensor: torch.Tensor) -> Hashable:
+    """The values of a tensor fxprop knows, as a key holds them: by their bits, so that -0.0 and 0.0
+    (equal, yet ``copysign`` and ``1 / x`` tell them apart) differ and a NaN matches itself."""
+    flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return (tensor.dtype, bytes(flat.contiguous().view(torch.uint8).clone().untyped_storage()))
 
 
 class TensorSignatures:
@@ -269,8 +282,8 @@ class Entry:
 def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
     """An immutable description of a result, or None when it holds something that cannot be shared."""
     if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided:
-            return None
+        if value.layout is not torch.strided or value.is_conj() or value.is_neg():
+            return None  # a record rebuilds neither layout nor a lazy conjugation or negation
         for index, tensor in enumerate(inputs):
             if value is tensor:
                 return AliasRecord(index, None)

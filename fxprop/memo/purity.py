@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..torch_compat import OpOverload, OpOverloadPacket, schema_of, set_grad_enabled_op
+from ..torch_compat import (OpOverload, OpOverloadPacket, dual_level_ops, pytree, schema_of, set_fwd_grad_enabled_op,
+                            set_grad_enabled_op)
 
 _IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
                                   "ipow", "irshift", "isub", "itruediv", "ixor"})
@@ -101,7 +102,14 @@ def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
 
 
 _EFFECTS_OUTSIDE = frozenset({print, input, open, exec, eval, compile, breakpoint, __import__, setattr, delattr,
-                              torch.manual_seed, torch.seed, torch.set_rng_state, torch.save, torch.load})
+                              torch.manual_seed, torch.seed, torch.set_rng_state, torch.save, torch.load,
+                              # forward-AD levels are process-wide: entering one refuses inside the caller's
+                              *dual_level_ops,
+                              torch.autograd.forward_ad.enter_dual_level, torch.autograd.forward_ad.exit_dual_level})
+# Process-wide settings a propagation puts back as they were (`Propagation.run`): a graph that sets
+# them leaves nothing changed, replayed or walked. Any other setter (use_deterministic_algorithms,
+# set_num_threads) stays set after a walk, as after real execution, so a replay would differ.
+_SETTINGS_PUT_BACK = frozenset({set_grad_enabled_op, torch.set_default_dtype, set_fwd_grad_enabled_op})
 _replayable: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
 
 
@@ -120,11 +128,23 @@ def replayable_target(op: str, target: Any) -> bool:
         replayable = isinstance(target, str)
     else:
         module = getattr(target, "__module__", None) or ""
+        name = getattr(target, "__name__", "") or ""
         replayable = (_is_torch_target(target) and target not in _EFFECTS_OUTSIDE
-                      and not module.startswith(_STATEFUL_PACKAGES))
+                      and not module.startswith(_STATEFUL_PACKAGES)
+                      and (not name.startswith(_SETTERS) or target in _SETTINGS_PUT_BACK))
     if replayable:
         _replayable[key] = True
     return replayable
+
+
+def reads_process_state(node: torch.fx.Node, value: Any) -> bool:
+    """Whether a node's value may be the process's state rather than a function of the graph: a
+    call_function of nothing from the graph whose value is a python value (``torch.initial_seed()``,
+    ``torch.get_float32_matmul_precision()``). Such a value is neither memoized nor replayed: the
+    keys hold the settings fxprop's rules read, not every one torch can report."""
+    return (node.op == "call_function" and value is not None and not node.all_input_nodes
+            and not isinstance(value, torch.Tensor) and not any(isinstance(item, torch.Tensor)
+                                                                for item in pytree.tree_leaves(value)))
 
 
 def _is_torch_target(target: Any) -> bool:

@@ -28,8 +28,9 @@ from torch.fx.passes.shape_prop import TensorMetadata
 
 from ..devices import device_of
 from ..kinds import Kind
-from ..torch_compat import any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered, own_state, storage_key
-from .cache import Uncacheable, _Key, signature
+from ..torch_compat import (any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered,
+                            neg_view, own_state, storage_key)
+from .cache import Uncacheable, _Key, signature, values_signature
 from .purity import replayable_target
 
 # What a replayed value may hold besides tensors and containers: values nobody can change in place.
@@ -139,7 +140,7 @@ class _Signer:
                 raise _Unreplayable  # internal inputs are plain meta tensors; anything else is not signed here
             known = self.known.get(value)
             out.extend((torch.Tensor, self.identity(value), self.storages.setdefault(storage_key(value), len(self.storages)),
-                        signature(value), _values(known) if known is not None else None))
+                        signature(value), values_signature(known) if known is not None else None))
         elif isinstance(value, (tuple, list)):
             out.extend((type(value), len(value)))
             for item in value:
@@ -186,7 +187,7 @@ class _Signer:
             from ..engine.inputs import values_worth_knowing
             if type(owner) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
                 raise _Unreplayable
-            values = _values(owner) if values_worth_knowing(owner) else None
+            values = values_signature(owner) if values_worth_knowing(owner) else None
             out.extend((type(owner), self.identity(owner), signature(owner), values))
         elif isinstance(owner, torch.nn.Module):
             raise _Unreplayable  # a module as a value (a subgraph, a submodule passed along)
@@ -230,16 +231,13 @@ def _state_tensors(module: torch.nn.Module):
             yield from _state_tensors(submodule)
 
 
-def _values(tensor: torch.Tensor) -> tuple:
-    return (tensor.dtype, tuple(tensor.detach().reshape(-1).tolist()))
-
-
 # --- what a propagation staged, kept to be built again ----------------------------------------
 
 class TensorTemplate(NamedTuple):
     snapshot: torch.Tensor  # a private alias of the value as it was staged
     device: torch.device
     requires_grad: bool
+    alone: bool = False  # no other value shares its storage, which it fills from its start: built with one of its own
 
 
 class _Container(NamedTuple):
@@ -253,6 +251,7 @@ class _Immutable(NamedTuple):
 
 
 _new_tuple = tuple.__new__  # a named tuple's own constructor, without its per-field arguments
+empty_strided = torch.empty_strided
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -261,9 +260,9 @@ def template(value: Any) -> Any:
     where the value holds something that cannot be built again (a user's object)."""
     kind = type(value)
     if kind in _PLAIN_TENSORS:
-        if value.layout is not torch.strided:
+        if value.layout is not torch.strided or value.device.type != "meta":
             return None
-        return _new_tuple(TensorTemplate, (value.detach(), device_of(value), value.requires_grad))
+        return _new_tuple(TensorTemplate, (value.detach(), device_of(value), value.requires_grad, False))
     if isinstance(value, torch.Tensor):
         return None  # a subclass: its own state would not be built again
     if isinstance(value, _IMMUTABLE):
@@ -278,14 +277,75 @@ def template(value: Any) -> Any:
     return None
 
 
-def build(described: Any, make_fake: Any) -> Any:
-    """A fresh value from a `template`: new FakeTensors and new containers, as staging makes them."""
+def _on_own_storage(tensor: torch.Tensor, storages: dict) -> torch.Tensor:
+    """``tensor``'s view (sizes, strides, offset, conj and neg bits) of a new meta storage of the same
+    size, one per storage of the originals: the copies alias each other as the originals do, and
+    nothing else (resizing one graph's storage must not reach another graph's annotations)."""
+    key = storage_key(tensor)
+    storage = storages.get(key)
+    if storage is None:
+        storage = storages[key] = torch.UntypedStorage(tensor.untyped_storage().nbytes(), device="meta")
+    fresh = torch.empty((0,), dtype=tensor.dtype, device="meta").set_(storage, tensor.storage_offset(), tensor.shape,
+                                                                      tensor.stride())
+    if tensor.is_conj():
+        fresh = fresh.conj()
+    if tensor.is_neg():
+        fresh = neg_view(fresh)
+    return fresh
+
+
+def private(recordings: tuple) -> tuple:
+    """A walk's recordings whose snapshots share no storage with the walk's values (the first
+    graph's annotations alias those), taken at the walk's end: a storage the graph resized later is
+    seen at its final size by every node, as the walk's annotations see it."""
+    storages: dict = {}
+    users: dict[int, int] = {}
+
+    def count(described: Any) -> None:
+        if type(described) is TensorTemplate:
+            key = storage_key(described.snapshot)
+            users[key] = users.get(key, 0) + 1
+        elif type(described) is _Container:
+            for part in described.parts:
+                count(part)
+
+    def copied(described: Any) -> Any:
+        if type(described) is TensorTemplate:
+            snapshot = described.snapshot
+            alone = users[storage_key(snapshot)] == 1 and _fills_its_storage(snapshot)
+            return _new_tuple(TensorTemplate, (_on_own_storage(snapshot, storages), described.device,
+                                               described.requires_grad, alone))
+        if type(described) is _Container:
+            return _Container(described.kind, tuple(copied(part) for part in described.parts), described.keys)
+        return described
+    for recording in recordings:
+        count(recording.value)
+    return tuple(NodeRecording(copied(recording.value), recording.tensor_meta, recording.value_type,
+                               recording.provenance) for recording in recordings)
+
+
+def _fills_its_storage(tensor: torch.Tensor) -> bool:
+    """Whether ``torch.empty_strided`` of the tensor's sizes and strides makes a storage like its
+    own: starting at it, of the same size, with no lazy conjugation or negation."""
+    if tensor.storage_offset() or tensor.is_conj() or tensor.is_neg():
+        return False
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size) \
+        if all(tensor.shape) else 0
+    return extent * tensor.element_size() == tensor.untyped_storage().nbytes()
+
+
+def build(described: Any, make_fake: Any, storages: dict) -> Any:
+    """A fresh value from a `template`: new FakeTensors over new storages (``storages``: the ones
+    this replay made so far, by the snapshot's storage) and new containers, as staging makes them."""
     kind = type(described)
     if kind is TensorTemplate:
-        return make_fake.from_snapshot(*described)
+        snapshot, device, requires_grad, alone = described
+        fresh = (empty_strided(snapshot.shape, snapshot.stride(), dtype=snapshot.dtype, device="meta") if alone
+                 else _on_own_storage(snapshot, storages))
+        return make_fake.from_snapshot(fresh, device, requires_grad)
     if kind is _Immutable:
         return described[0]
-    items = [build(part, make_fake) for part in described.parts]
+    items = [build(part, make_fake, storages) for part in described.parts]
     kind = described.kind
     if kind is list:
         return items
@@ -309,7 +369,7 @@ class NodeRecording(NamedTuple):
 class GraphEntry:
     """What one propagation of a graph staged, node by node in graph order, and what it left in ``gm.meta``."""
     nodes: tuple
-    known_inputs: dict | None
+    known_inputs: dict | None  # the real values of inputs passed for real, by the placeholder's position
     summary: dict
 
 

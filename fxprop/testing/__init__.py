@@ -368,7 +368,7 @@ class _TensorState:
         bits = None
         if tensor.device.type != "meta" and not isinstance(tensor, FakeTensor) and tensor.layout is torch.strided:
             with torch.no_grad():
-                bits = tensor.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).numpy().tobytes()
+                bits = bytes(tensor.detach().cpu().clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8).clone().untyped_storage())
         return _TensorState(tensor, bits, tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.requires_grad,
                             version_counter(tensor), tensor.grad_fn, tensor.grad if tensor.is_leaf else None,
                             type(tensor))
