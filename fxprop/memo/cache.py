@@ -95,7 +95,11 @@ def values_signature(tensor: torch.Tensor) -> Hashable:
     flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    return (tensor.dtype, bytes(flat.contiguous().view(torch.uint8).clone().untyped_storage()))
+    bits = _INTEGERS_OF_SIZE[min(flat.element_size(), 8)]
+    return (tensor.dtype, tuple(flat.contiguous().view(bits).tolist()))
+
+
+_INTEGERS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # same bits, read as integers
 
 
 class TensorSignatures:
