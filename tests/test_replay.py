@@ -41,6 +41,33 @@ def replays(cache: fxprop.RuleCache) -> int:
     return cache.stats()["replays"]
 
 
+@pytest.fixture(autouse=True)
+def every_graph_kept_on_its_first_walk(request, monkeypatch):
+    """A cache keeps a graph's walk from its second sighting on (`test_a_graph_is_kept_from_its_second_sighting`
+    checks that); the other tests are about what a kept walk gives back, so every walk is kept."""
+    if "second_sighting" not in request.node.name:
+        monkeypatch.setattr(fxprop.RuleCache, "seen_before", lambda self, sighting: True)
+
+
+def test_a_graph_is_kept_from_its_second_sighting():
+    gm = torch.fx.symbolic_trace(lambda x: x.sin().cos())
+    cache = fxprop.RuleCache()
+    expected = []
+    for calls in range(1, 4):
+        copied = fresh(gm)
+        fxprop.propagate(copied, TensorSpec((2, 3)), cache=cache)
+        expected.append(annotations(copied))
+        stats = cache.stats()
+        assert (stats["graphs"], stats["replays"]) == {1: (0, 0), 2: (1, 0), 3: (1, 1)}[calls]
+    assert expected[0] == expected[1] == expected[2]
+    other = torch.fx.symbolic_trace(lambda x: x.sin())  # another size: noted, not kept
+    fxprop.propagate(other, TensorSpec((2, 3)), cache=cache)
+    assert cache.stats()["graphs"] == 1
+    cache.clear()
+    fxprop.propagate(fresh(gm), TensorSpec((2, 3)), cache=cache)  # cleared: a first sighting again
+    assert cache.stats()["graphs"] == 0
+
+
 class ViewsAndInPlace(torch.nn.Module):
     def forward(self, x, y):
         a = x.t()

@@ -16,9 +16,15 @@ from ..resolve.registry import generation as registry_generation
 
 def run_or_replay(propagation: Any, inputs: list) -> Any:
     """Walk the graph on ``inputs`` (the call's internal values), or replay an earlier walk whose key
-    is this call's; with ``cache="verify"`` the graph is walked and compared with the replay."""
-    call = graph_call(propagation, inputs)
-    entry = propagation.options.memo.graph(call.key) if call is not None else None
+    is this call's; with ``cache="verify"`` the graph is walked and compared with the replay.
+
+    A graph is keyed and kept from its second sighting on (a graph of as many nodes and inputs
+    propagated before, since the cache was last cleared): a graph seen once costs nothing more than
+    its walk, and only graphs that come back take room in the cache."""
+    memo = propagation.options.memo
+    seen = memo is not None and memo.seen_before((len(propagation.gm.graph.nodes), len(inputs)))
+    call = graph_call(propagation, inputs) if seen else None
+    entry = memo.graph(call.key) if call is not None else None
     if entry is not None and not propagation.options.verify:
         return _replay(propagation, call, entry)
     propagation.recordings = {} if call is not None else None
@@ -71,10 +77,9 @@ def _keep_or_compare(propagation: Any, call: replay.GraphCall, entry: replay.Gra
             known_inputs = {position: known[node.name].clone() for position, node in enumerate(call.nodes)
                             if node.op == "placeholder" and node.name in known}
         summary = copy.deepcopy(propagation.symbols.summary())
-        propagation.options.memo.keep_graph(call.key, replay.GraphEntry(replay.private(recorded), known_inputs,
-                                                                        summary))
+        propagation.options.memo.keep_graph(call.key, replay.GraphEntry(replay.kept(recorded), known_inputs, summary))
         return
-    differing = replay.differences(entry.nodes, recorded)
+    differing = replay.differences(entry.nodes, replay.kept(recorded))
     if differing:
         names = ", ".join(f"%{call.nodes[i].name}" for i in differing[:5] if i < len(call.nodes))
         raise InternalError(f"the graph replay differs from a walk of the graph at {len(differing)} node(s): {names}")

@@ -160,6 +160,7 @@ def symbolic_signature(value: Any) -> Hashable:
 
 MAX_GRAPHS = 64
 MAX_GRAPH_NODES = 1 << 16
+MAX_SIGHTINGS = 1 << 12
 
 
 class RuleCache:
@@ -182,6 +183,7 @@ class RuleCache:
         self.misses = 0
         self._graphs: dict[Hashable, Any] = {}  # whole graphs (`fxprop.memo.replay`), oldest first
         self._graph_nodes = 0
+        self._sighted: dict[Hashable, None] = {}  # graphs' sizes propagated so far, oldest first
         self.replays = 0
 
     def get(self, key: Hashable) -> Any:
@@ -208,6 +210,16 @@ class RuleCache:
                 self.replays += 1
             return entry
 
+    def seen_before(self, sighting: Hashable) -> bool:
+        """Whether a graph like this (``sighting``: its size) was propagated before; notes it if not."""
+        with self._lock:
+            if sighting in self._sighted:
+                return True
+            self._sighted[sighting] = None
+            if len(self._sighted) > MAX_SIGHTINGS:
+                del self._sighted[next(iter(self._sighted))]
+            return False
+
     def keep_graph(self, key: Hashable, entry: Any) -> None:
         """Keep a whole graph's entry; the oldest go first beyond `MAX_GRAPHS` graphs or
         `MAX_GRAPH_NODES` nodes in all (an entry costs about a kilobyte per node)."""
@@ -228,6 +240,7 @@ class RuleCache:
         with self._lock:
             self._entries.clear()
             self._graphs.clear()
+            self._sighted.clear()
             self._graph_nodes = 0
             self.hits = self.misses = self.replays = 0
 

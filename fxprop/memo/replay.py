@@ -1,7 +1,7 @@
 """Whole graphs replayed: a graph propagated before, called again with inputs, state and settings
 that match, gets the annotations its first propagation staged, without a node being computed again.
 
-The key (`graph_key`) holds everything a propagation of the graph reads:
+The key (`graph_call`) holds everything a propagation of the graph reads:
 
 - every node up to the output: its op, its target (a called module: `StateView.signature`, its
   class, attributes, parameters, buffers and the values fxprop knows of them; an attribute read:
@@ -13,8 +13,11 @@ The key (`graph_key`) holds everything a propagation of the graph reads:
 
 Graphs that run code the user wrote (their functions, their module classes, module hooks), call
 functorch transforms, hold subgraphs, have symbolic sizes or DTensors, or needed the real-tensor
-fallback are walked every time. A replayed node gets fresh FakeTensors built from a private snapshot
-of its first value (nothing the first caller holds is shared) that alias each other as the first ones did.
+fallback are walked every time (so are graphs that change process-wide settings or read the
+process's state, `fxprop.memo.purity`). A walk's values are recorded as staged (`template`: a
+detached alias) and kept, at the walk's end, as plain numbers (`kept`: sizes, strides, offsets, which
+values share a storage and its size); a replay builds fresh FakeTensors over storages of its own
+from them, aliasing each other as the walk's did and nothing anyone else holds.
 """
 from __future__ import annotations
 
@@ -237,7 +240,6 @@ class TensorTemplate(NamedTuple):
     snapshot: torch.Tensor  # a private alias of the value as it was staged
     device: torch.device
     requires_grad: bool
-    alone: bool = False  # no other value shares its storage, which it fills from its start: built with one of its own
 
 
 class _Container(NamedTuple):
@@ -262,7 +264,7 @@ def template(value: Any) -> Any:
     if kind in _PLAIN_TENSORS:
         if value.layout is not torch.strided or value.device.type != "meta":
             return None
-        return _new_tuple(TensorTemplate, (value.detach(), device_of(value), value.requires_grad, False))
+        return _new_tuple(TensorTemplate, (value.detach(), device_of(value), value.requires_grad))
     if isinstance(value, torch.Tensor):
         return None  # a subclass: its own state would not be built again
     if isinstance(value, _IMMUTABLE):
@@ -277,72 +279,88 @@ def template(value: Any) -> Any:
     return None
 
 
-def _on_own_storage(tensor: torch.Tensor, storages: dict) -> torch.Tensor:
-    """``tensor``'s view (sizes, strides, offset, conj and neg bits) of a new meta storage of the same
-    size, one per storage of the originals: the copies alias each other as the originals do, and
-    nothing else (resizing one graph's storage must not reach another graph's annotations)."""
-    key = storage_key(tensor)
-    storage = storages.get(key)
+class TensorRecord(NamedTuple):
+    """A staged tensor as an entry keeps it: plain numbers, no tensor (nothing anyone holds is shared)."""
+    shape: tuple
+    stride: tuple
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    conj: bool
+    neg: bool
+    storage: int        # which of the graph's storages, by the order they were first met
+    storage_bytes: int  # its size at the walk's end (a later node may have resized it)
+    alone: bool         # no other value shares the storage, which it fills from its start
+
+
+def kept(recordings: tuple) -> tuple:
+    """A walk's recordings as an entry keeps them, read at the walk's end: each tensor snapshot as a
+    `TensorRecord`, storages named by the order they are first met."""
+    storages: dict[int, int] = {}
+    users: list[int] = []
+
+    def counted(described: Any) -> None:
+        if type(described) is TensorTemplate:
+            index = storages.setdefault(storage_key(described.snapshot), len(storages))
+            if index == len(users):
+                users.append(0)
+            users[index] += 1
+        elif type(described) is _Container:
+            for part in described.parts:
+                counted(part)
+
+    def recorded(described: Any) -> Any:
+        if type(described) is TensorTemplate:
+            snapshot = described.snapshot
+            index = storages[storage_key(snapshot)]
+            storage_bytes = snapshot.untyped_storage().nbytes()
+            shape, stride, offset = tuple(snapshot.shape), snapshot.stride(), snapshot.storage_offset()
+            conj, neg = snapshot.is_conj(), snapshot.is_neg()
+            alone = (users[index] == 1 and not (offset or conj or neg)
+                     and _extent(shape, stride) * snapshot.element_size() == storage_bytes)
+            return _new_tuple(TensorRecord, (shape, stride, offset, snapshot.dtype, described.device,
+                                             described.requires_grad, conj, neg, index, storage_bytes, alone))
+        if type(described) is _Container:
+            return _Container(described.kind, tuple(recorded(part) for part in described.parts), described.keys)
+        return described
+
+    for recording in recordings:
+        counted(recording.value)
+    return tuple(NodeRecording(recorded(recording.value), recording.tensor_meta, recording.value_type,
+                               recording.provenance) for recording in recordings)
+
+
+def _extent(shape: tuple, stride: tuple) -> int:
+    """Elements from a view's first to its last, inclusive (0 for an empty view)."""
+    if not all(shape):
+        return 0
+    return 1 + sum((size - 1) * step for size, step in zip(shape, stride))
+
+
+def _fresh(record: TensorRecord, storages: dict) -> torch.Tensor:
+    """A meta tensor laid out as ``record``, on this replay's own storage for it (``storages``: the
+    ones made so far, by index): replayed values alias each other as the walk's did, and nothing else."""
+    if record.alone:
+        return empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
+    storage = storages.get(record.storage)
     if storage is None:
-        storage = storages[key] = torch.UntypedStorage(tensor.untyped_storage().nbytes(), device="meta")
-    fresh = torch.empty((0,), dtype=tensor.dtype, device="meta").set_(storage, tensor.storage_offset(), tensor.shape,
-                                                                      tensor.stride())
-    if tensor.is_conj():
+        storage = storages[record.storage] = torch.UntypedStorage(record.storage_bytes, device="meta")
+    fresh = torch.empty((0,), dtype=record.dtype, device="meta").set_(storage, record.offset, record.shape,
+                                                                      record.stride)
+    if record.conj:
         fresh = fresh.conj()
-    if tensor.is_neg():
+    if record.neg:
         fresh = neg_view(fresh)
     return fresh
 
 
-def private(recordings: tuple) -> tuple:
-    """A walk's recordings whose snapshots share no storage with the walk's values (the first
-    graph's annotations alias those), taken at the walk's end: a storage the graph resized later is
-    seen at its final size by every node, as the walk's annotations see it."""
-    storages: dict = {}
-    users: dict[int, int] = {}
-
-    def count(described: Any) -> None:
-        if type(described) is TensorTemplate:
-            key = storage_key(described.snapshot)
-            users[key] = users.get(key, 0) + 1
-        elif type(described) is _Container:
-            for part in described.parts:
-                count(part)
-
-    def copied(described: Any) -> Any:
-        if type(described) is TensorTemplate:
-            snapshot = described.snapshot
-            alone = users[storage_key(snapshot)] == 1 and _fills_its_storage(snapshot)
-            return _new_tuple(TensorTemplate, (_on_own_storage(snapshot, storages), described.device,
-                                               described.requires_grad, alone))
-        if type(described) is _Container:
-            return _Container(described.kind, tuple(copied(part) for part in described.parts), described.keys)
-        return described
-    for recording in recordings:
-        count(recording.value)
-    return tuple(NodeRecording(copied(recording.value), recording.tensor_meta, recording.value_type,
-                               recording.provenance) for recording in recordings)
-
-
-def _fills_its_storage(tensor: torch.Tensor) -> bool:
-    """Whether ``torch.empty_strided`` of the tensor's sizes and strides makes a storage like its
-    own: starting at it, of the same size, with no lazy conjugation or negation."""
-    if tensor.storage_offset() or tensor.is_conj() or tensor.is_neg():
-        return False
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size) \
-        if all(tensor.shape) else 0
-    return extent * tensor.element_size() == tensor.untyped_storage().nbytes()
-
-
 def build(described: Any, make_fake: Any, storages: dict) -> Any:
-    """A fresh value from a `template`: new FakeTensors over new storages (``storages``: the ones
-    this replay made so far, by the snapshot's storage) and new containers, as staging makes them."""
+    """A fresh value from a kept recording: new FakeTensors over new storages and new containers, as
+    staging makes them."""
     kind = type(described)
-    if kind is TensorTemplate:
-        snapshot, device, requires_grad, alone = described
-        fresh = (empty_strided(snapshot.shape, snapshot.stride(), dtype=snapshot.dtype, device="meta") if alone
-                 else _on_own_storage(snapshot, storages))
-        return make_fake.from_snapshot(fresh, device, requires_grad)
+    if kind is TensorRecord:
+        return make_fake.from_snapshot(_fresh(described, storages), described.device, described.requires_grad)
     if kind is _Immutable:
         return described[0]
     items = [build(part, make_fake, storages) for part in described.parts]
@@ -405,26 +423,21 @@ def fresh_tensor_meta(tensor_meta: Any) -> Any:
     return tensor_meta
 
 
-def differences(kept: tuple, walked: tuple) -> list[int]:
-    """The positions at which two runs' recordings of one graph differ: values (sizes, strides,
-    offsets, dtypes, devices, requires_grad, which nodes share a storage), types, tensor_meta and provenance."""
-    kept_storages: dict[int, int] = {}
-    walked_storages: dict[int, int] = {}
-    return [position for position, (first, second) in enumerate(zip(kept, walked))
-            if (_comparable(first.value, kept_storages) != _comparable(second.value, walked_storages)
-                or first.value_type is not second.value_type
+def differences(kept_nodes: tuple, walked: tuple) -> list[int]:
+    """The positions at which a kept entry and a new walk's recordings (`kept` already) differ:
+    values (sizes, strides, offsets, dtypes, devices, requires_grad, conj/neg bits, which values share
+    a storage and its size), types, tensor_meta and provenance."""
+    return [position for position, (first, second) in enumerate(zip(kept_nodes, walked))
+            if (_comparable(first.value) != _comparable(second.value) or first.value_type is not second.value_type
                 or fresh_tensor_meta(first.tensor_meta) != fresh_tensor_meta(second.tensor_meta)
-                or first.provenance != second.provenance)] + list(range(min(len(kept), len(walked)),
-                                                                       max(len(kept), len(walked))))
+                or first.provenance != second.provenance)] + list(range(min(len(kept_nodes), len(walked)),
+                                                                       max(len(kept_nodes), len(walked))))
 
 
-def _comparable(described: Any, storages: dict[int, int]) -> Any:
-    if type(described) is TensorTemplate:
-        snapshot = described.snapshot
-        storage = storages.setdefault(storage_key(snapshot), len(storages))
-        return (tuple(snapshot.shape), snapshot.stride(), snapshot.storage_offset(), snapshot.dtype,
-                described.device, described.requires_grad, storage)
+def _comparable(described: Any) -> Any:
+    if type(described) is _Immutable:
+        value = described.value
+        return (type(value), "nan") if value != value else (type(value), value)
     if type(described) is _Container:
-        return (described.kind, described.keys, tuple(_comparable(part, storages) for part in described.parts))
-    value = described.value
-    return (type(value), "nan") if value != value else (type(value), value)
+        return (described.kind, described.keys, tuple(_comparable(part) for part in described.parts))
+    return described
