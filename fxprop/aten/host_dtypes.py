@@ -41,6 +41,7 @@ from ..engine import session as context
 from .host_answers import HostAnswers
 from .. import symbolic
 from ..errors import PropagationError
+from ..call import tensors_in, tensors_of
 from .in_place import is_elementwise, written_arguments
 from ..torch_compat import OpOverload, pytree, schema_of
 
@@ -78,7 +79,7 @@ def _asked_on_its_own_sizes(op: OpOverload, args: tuple, kwargs: dict, result: A
     that read indices refuse (``put``'s index, ``nll_loss``'s target, ``searchsorted``'s sorter)
     and few others implement (``grid_sample`` of uint8); or, in softmax or batch_norm of ints,
     integers the meta kernel keeps in its result, which the CPU kernel has no code for."""
-    dtypes = {v.dtype for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)}
+    dtypes = {tensor.dtype for tensor in tensors_in(args, kwargs)}
     if not dtypes.isdisjoint(_RARELY_IMPLEMENTED):
         return True
     return not op.is_view and (not dtypes.isdisjoint(_NARROW_INTEGERS) or _integral_in_and_out(args, kwargs, result)
@@ -118,8 +119,7 @@ _COMPLEX_OF = {torch.float16: torch.complex32, torch.float32: torch.complex64, t
 def _integral_in_and_out(args: tuple, kwargs: dict, result: Any) -> bool:
     def integral(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex)
-    outputs = [v for v in pytree.tree_leaves(result) if integral(v)]
-    return bool(outputs) and any(integral(v) for v in pytree.tree_leaves((args, kwargs)))
+    return any(integral(v) for v in tensors_of(result)) and any(integral(v) for v in tensors_in(args, kwargs))
 
 
 def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal: BaseException) -> None:
