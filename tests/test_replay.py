@@ -519,3 +519,48 @@ def test_a_container_attribute_the_graph_appends_to_is_the_users_own():
     cache = fxprop.RuleCache()
     shapes = [tuple(fxprop.propagate(gm, torch.ones(1), cache=cache).shape) for _ in range(2)]
     assert gm.sizes == [2, 3] and shapes == [(3,), (3,)] and replays(cache) == 1
+
+
+def test_a_storage_shrunk_after_its_views_stays_shrunk():
+    """FSDP's graphs free a parameter's storage (inductor.resize_storage_bytes_) after viewing it: a
+    replay sets its views over a storage the walk's size, and leaves it that size (set_ grows it)."""
+    import torch._inductor  # noqa: F401  (registers torch.ops.inductor)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        flat = graph.call_function(torch.ops.aten.new_empty.default, (x, [4]))
+        view = graph.call_function(torch.ops.aten.view.default, (flat, [2, 2]))
+        graph.call_function(torch.ops.inductor.resize_storage_bytes_, (flat, 0))
+        graph.output((view, flat))
+
+    gm = _graph(build)
+    walked = fresh(gm)
+    fxprop.propagate(walked, TensorSpec((3,)), cache=False)
+    cache = fxprop.RuleCache()
+    for _ in range(2):
+        replayed = fresh(gm)
+        fxprop.propagate(replayed, TensorSpec((3,)), cache=cache)
+    assert replays(cache) == 1
+    assert annotations(replayed) == annotations(walked)
+    nbytes = [[t.untyped_storage().nbytes() for t in next(iter(reversed(g.graph.nodes))).meta["val"]]
+              for g in (walked, replayed)]
+    assert nbytes == [[0, 0], [0, 0]]
+
+
+def test_a_pass_editing_a_kept_walks_tensor_meta_changes_no_replay():
+    """A list-valued node's tensor_meta is a list: the entry keeps its own, not the graph's."""
+    def build(graph):
+        x = graph.placeholder("x")
+        graph.output((graph.call_function(torch.ops.aten.split.Tensor, (x, 2)),))
+
+    gm = _graph(build)
+    cache = fxprop.RuleCache()
+    kept, replayed = fresh(gm), fresh(gm)
+    fxprop.propagate(kept, TensorSpec((4,)), cache=cache)
+    split = next(node for node in kept.graph.nodes if node.op == "call_function")
+    split.meta["tensor_meta"].append("a pass's own")
+    split.meta["tensor_meta"][0] = None
+    fxprop.propagate(replayed, TensorSpec((4,)), cache=cache)
+    assert replays(cache) == 1
+    metas = next(node for node in replayed.graph.nodes if node.op == "call_function").meta["tensor_meta"]
+    assert len(metas) == 2 and all(meta.shape == (2,) for meta in metas)

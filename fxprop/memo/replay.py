@@ -327,8 +327,8 @@ def kept(recordings: tuple) -> tuple:
 
     for recording in recordings:
         counted(recording.value)
-    return tuple(NodeRecording(recorded(recording.value), recording.tensor_meta, recording.value_type,
-                               recording.provenance) for recording in recordings)
+    return tuple(NodeRecording(recorded(recording.value), fresh_tensor_meta(recording.tensor_meta),
+                               recording.value_type, recording.provenance) for recording in recordings)
 
 
 def _extent(shape: tuple, stride: tuple) -> int:
@@ -348,6 +348,8 @@ def _fresh(record: TensorRecord, storages: dict) -> torch.Tensor:
         storage = storages[record.storage] = torch.UntypedStorage(record.storage_bytes, device="meta")
     fresh = torch.empty((0,), dtype=record.dtype, device="meta").set_(storage, record.offset, record.shape,
                                                                       record.stride)
+    if storage.nbytes() != record.storage_bytes:
+        storage.resize_(record.storage_bytes)  # set_ grows a storage to the view; the walk's was shrunk after it
     if record.conj:
         fresh = fresh.conj()
     if record.neg:
