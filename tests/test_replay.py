@@ -564,3 +564,33 @@ def test_a_pass_editing_a_kept_walks_tensor_meta_changes_no_replay():
     assert replays(cache) == 1
     metas = next(node for node in replayed.graph.nodes if node.op == "call_function").meta["tensor_meta"]
     assert len(metas) == 2 and all(meta.shape == (2,) for meta in metas)
+
+
+def test_verify_compares_what_a_replay_builds(monkeypatch):
+    """cache="verify" compares the walk with the values a replay builds from the entry, not only
+    with the numbers the entry keeps: a build that loses the negative bit is caught."""
+    from fxprop.memo import replay
+    from fxprop.memo.cache import rule_cache
+
+    gm = torch.fx.symbolic_trace(lambda x: (x.conj().imag, x[1:].conj()))
+    x = torch.randn(2, 3, dtype=torch.complex64)
+    rule_cache.clear()
+    try:
+        fxprop.propagate(fresh(gm), x, cache=True)
+        fxprop.propagate(fresh(gm), x, cache="verify")  # a correct replay: no InternalError
+        monkeypatch.setattr(replay, "neg_view", lambda tensor: tensor)
+        with pytest.raises(fxprop.InternalError, match="replay differs"):
+            fxprop.propagate(fresh(gm), x, cache="verify")
+    finally:
+        rule_cache.clear()
+
+
+def test_verify_tells_a_kept_zero_from_a_negative_zero():
+    from fxprop.memo import replay
+    from fxprop.engine.walk import Provenance
+    from fxprop import Kind
+
+    def recording(value):
+        return replay.NodeRecording(replay.template(value), None, float, Provenance(Kind.PLAIN, "python"))
+    assert replay.differences((recording(0.0),), (recording(-0.0),)) == [0]
+    assert replay.differences((recording(float("nan")),), (recording(float("nan")),)) == []

@@ -439,7 +439,38 @@ def differences(kept_nodes: tuple, walked: tuple) -> list[int]:
 def _comparable(described: Any) -> Any:
     if type(described) is _Immutable:
         value = described.value
+        if type(value) is float:  # -0.0 == 0.0, yet math.copysign tells them apart
+            return (float, "nan") if value != value else (float, value, math.copysign(1.0, value))
         return (type(value), "nan") if value != value else (type(value), value)
     if type(described) is _Container:
         return (described.kind, described.keys, tuple(_comparable(part) for part in described.parts))
     return described
+
+
+def built_differences(kept_nodes: tuple, staged: list, make_fake: Any) -> list[int]:
+    """The positions at which what a replay of ``kept_nodes`` builds differs from a walk's staged
+    values (``staged``, graph order): sizes, strides, offsets, dtypes, devices, requires_grad and
+    leafness, conj/neg bits, which values share a storage and its size. `differences` compares what
+    the entry keeps; this compares what a replay makes of it, so ``cache="verify"`` catches a wrong build."""
+    storages: dict = {}
+    built = [build(recording.value, make_fake, storages) for recording in kept_nodes]
+    replayed, walked = _layouts(built), _layouts(staged)
+    return [position for position, (first, second) in enumerate(zip(replayed, walked)) if first != second]
+
+
+def _layouts(values: list) -> list:
+    storages: dict[int, int] = {}
+
+    def described(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            return (type(value), tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+                    value.requires_grad, value.is_leaf, value.is_conj(), value.is_neg(),
+                    storages.setdefault(storage._cdata, len(storages)), storage.nbytes())
+        if isinstance(value, dict):
+            return (type(value), tuple(value), tuple(described(item) for item in value.values()))
+        if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+            return (type(value), tuple(described(item) for item in value))
+        return _comparable(_Immutable(value))
+
+    return [described(value) for value in values]
