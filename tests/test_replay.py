@@ -594,3 +594,16 @@ def test_verify_tells_a_kept_zero_from_a_negative_zero():
         return replay.NodeRecording(replay.template(value), None, float, Provenance(Kind.PLAIN, "python"))
     assert replay.differences((recording(0.0),), (recording(-0.0),)) == [0]
     assert replay.differences((recording(float("nan")),), (recording(float("nan")),)) == []
+
+
+def test_graphs_returning_lists_and_dicts_are_replayed():
+    """An output node's list or dict is an immutable_list / immutable_dict (torch.fx's map_arg):
+    kept as the plain list or dict a walk stages, so such graphs replay too."""
+    gm = torch.fx.symbolic_trace(lambda x: {"a": [x, x.t()], "b": (x[0], x.sum())})
+    cache = fxprop.RuleCache()
+    walked, replayed = fresh(gm), fresh(gm)
+    fxprop.propagate(walked, TensorSpec((2, 3)), cache=cache)
+    out = fxprop.propagate(replayed, TensorSpec((2, 3)), cache=cache)
+    assert replays(cache) == 1
+    assert annotations(replayed) == annotations(walked)
+    assert type(out) is dict and type(out["a"]) is list and out["a"][1].shape == (3, 2)

@@ -269,11 +269,15 @@ def template(value: Any) -> Any:
         return None  # a subclass: its own state would not be built again
     if isinstance(value, _IMMUTABLE):
         return _new_tuple(_Immutable, (value,))
-    if kind in (tuple, list) or kind.__module__ == "torch.return_types" or (
-            issubclass(kind, tuple) and hasattr(kind, "_fields")):
+    # staged as `map_structure` stages them: a list or dict of any class (an output node's
+    # immutable_list, immutable_dict) as a plain one, a tuple as its own class only when named
+    if isinstance(value, (tuple, list)):
+        if kind is not tuple and kind is not list:
+            kind = (list if isinstance(value, list) else kind if kind.__module__ == "torch.return_types"
+                    or hasattr(kind, "_fields") else tuple)
         parts = tuple([template(item) for item in value])
         return None if None in parts else _Container(kind, parts, None)
-    if kind is dict:
+    if isinstance(value, dict):
         parts = tuple([template(item) for item in value.values()])
         return None if None in parts else _Container(dict, parts, tuple(value))
     return None
