@@ -32,6 +32,8 @@ def annotations(gm: torch.fx.GraphModule) -> list:
                     value.requires_grad, value.is_conj(), value.is_neg(), storage)
         if isinstance(value, (tuple, list)):
             return (type(value), tuple(described(item) for item in value))
+        if isinstance(value, dict):
+            return (type(value), tuple(value), tuple(described(item) for item in value.values()))
         return (type(value), value)
     return [(node.name, described(node.meta.get("val")), node.meta.get("tensor_meta"), node.meta.get("type"),
              node.meta.get("fxprop")) for node in gm.graph.nodes]
