@@ -467,10 +467,9 @@ def _layouts(values: list) -> list:
 
     def described(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
             return (type(value), tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
                     value.requires_grad, value.is_leaf, value.is_conj(), value.is_neg(),
-                    storages.setdefault(storage._cdata, len(storages)), storage.nbytes())
+                    storages.setdefault(storage_key(value), len(storages)), value.untyped_storage().nbytes())
         if isinstance(value, dict):
             return (type(value), tuple(value), tuple(described(item) for item in value.values()))
         if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
