@@ -32,6 +32,8 @@ def annotations(gm: torch.fx.GraphModule) -> list:
                     value.requires_grad, value.is_conj(), value.is_neg(), storage)
         if isinstance(value, (tuple, list)):
             return (type(value), tuple(described(item) for item in value))
+        if isinstance(value, dict):
+            return (type(value), tuple(value), tuple(described(item) for item in value.values()))
         return (type(value), value)
     return [(node.name, described(node.meta.get("val")), node.meta.get("tensor_meta"), node.meta.get("type"),
              node.meta.get("fxprop")) for node in gm.graph.nodes]
@@ -519,3 +521,91 @@ def test_a_container_attribute_the_graph_appends_to_is_the_users_own():
     cache = fxprop.RuleCache()
     shapes = [tuple(fxprop.propagate(gm, torch.ones(1), cache=cache).shape) for _ in range(2)]
     assert gm.sizes == [2, 3] and shapes == [(3,), (3,)] and replays(cache) == 1
+
+
+def test_a_storage_shrunk_after_its_views_stays_shrunk():
+    """FSDP's graphs free a parameter's storage (inductor.resize_storage_bytes_) after viewing it: a
+    replay sets its views over a storage the walk's size, and leaves it that size (set_ grows it)."""
+    import torch._inductor  # noqa: F401  (registers torch.ops.inductor)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        flat = graph.call_function(torch.ops.aten.new_empty.default, (x, [4]))
+        view = graph.call_function(torch.ops.aten.view.default, (flat, [2, 2]))
+        graph.call_function(torch.ops.inductor.resize_storage_bytes_, (flat, 0))
+        graph.output((view, flat))
+
+    gm = _graph(build)
+    walked = fresh(gm)
+    fxprop.propagate(walked, TensorSpec((3,)), cache=False)
+    cache = fxprop.RuleCache()
+    for _ in range(2):
+        replayed = fresh(gm)
+        fxprop.propagate(replayed, TensorSpec((3,)), cache=cache)
+    assert replays(cache) == 1
+    assert annotations(replayed) == annotations(walked)
+    nbytes = [[t.untyped_storage().nbytes() for t in next(iter(reversed(g.graph.nodes))).meta["val"]]
+              for g in (walked, replayed)]
+    assert nbytes == [[0, 0], [0, 0]]
+
+
+def test_a_pass_editing_a_kept_walks_tensor_meta_changes_no_replay():
+    """A list-valued node's tensor_meta is a list: the entry keeps its own, not the graph's."""
+    def build(graph):
+        x = graph.placeholder("x")
+        graph.output((graph.call_function(torch.ops.aten.split.Tensor, (x, 2)),))
+
+    gm = _graph(build)
+    cache = fxprop.RuleCache()
+    kept, replayed = fresh(gm), fresh(gm)
+    fxprop.propagate(kept, TensorSpec((4,)), cache=cache)
+    split = next(node for node in kept.graph.nodes if node.op == "call_function")
+    split.meta["tensor_meta"].append("a pass's own")
+    split.meta["tensor_meta"][0] = None
+    fxprop.propagate(replayed, TensorSpec((4,)), cache=cache)
+    assert replays(cache) == 1
+    metas = next(node for node in replayed.graph.nodes if node.op == "call_function").meta["tensor_meta"]
+    assert len(metas) == 2 and all(meta.shape == (2,) for meta in metas)
+
+
+def test_verify_compares_what_a_replay_builds(monkeypatch):
+    """cache="verify" compares the walk with the values a replay builds from the entry, not only
+    with the numbers the entry keeps: a build that loses the negative bit is caught."""
+    from fxprop.memo import replay
+    from fxprop.memo.cache import rule_cache
+
+    gm = torch.fx.symbolic_trace(lambda x: (x.conj().imag, x[1:].conj()))
+    x = torch.randn(2, 3, dtype=torch.complex64)
+    rule_cache.clear()
+    try:
+        fxprop.propagate(fresh(gm), x, cache=True)
+        fxprop.propagate(fresh(gm), x, cache="verify")  # a correct replay: no InternalError
+        monkeypatch.setattr(replay, "neg_view", lambda tensor: tensor)
+        with pytest.raises(fxprop.InternalError, match="replay differs"):
+            fxprop.propagate(fresh(gm), x, cache="verify")
+    finally:
+        rule_cache.clear()
+
+
+def test_verify_tells_a_kept_zero_from_a_negative_zero():
+    from fxprop.memo import replay
+    from fxprop.engine.walk import Provenance
+    from fxprop import Kind
+
+    def recording(value):
+        return replay.NodeRecording(replay.template(value), None, float, Provenance(Kind.PLAIN, "python"))
+    assert replay.differences((recording(0.0),), (recording(-0.0),)) == [0]
+    assert replay.differences((recording(float("nan")),), (recording(float("nan")),)) == []
+
+
+def test_graphs_returning_lists_and_dicts_are_replayed():
+    """An output node's list or dict is an immutable_list / immutable_dict (torch.fx's map_arg):
+    kept as the plain list or dict a walk stages, so such graphs replay too."""
+    gm = torch.fx.symbolic_trace(lambda x: {"a": [x, x.t()], "b": (x[0], x.sum())})
+    cache = fxprop.RuleCache()
+    walked, replayed = fresh(gm), fresh(gm)
+    fxprop.propagate(walked, TensorSpec((2, 3)), cache=cache)
+    out = fxprop.propagate(replayed, TensorSpec((2, 3)), cache=cache)
+    assert replays(cache) == 1
+    assert annotations(replayed) == annotations(walked)
+    assert type(out) is dict and type(out["a"]) is list and out["a"][1].shape == (3, 2)

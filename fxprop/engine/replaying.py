@@ -80,6 +80,9 @@ def _keep_or_compare(propagation: Any, call: replay.GraphCall, entry: replay.Gra
         propagation.options.memo.keep_graph(call.key, replay.GraphEntry(replay.kept(recorded), known_inputs, summary))
         return
     differing = replay.differences(entry.nodes, replay.kept(recorded))
+    if not differing:  # the entry holds what the walk staged: a replay must build that too
+        differing = replay.built_differences(entry.nodes, [propagation.staged[node][0] for node in call.nodes],
+                                             propagation.make_fake)
     if differing:
         names = ", ".join(f"%{call.nodes[i].name}" for i in differing[:5] if i < len(call.nodes))
         raise InternalError(f"the graph replay differs from a walk of the graph at {len(differing)} node(s): {names}")

@@ -269,11 +269,15 @@ def template(value: Any) -> Any:
         return None  # a subclass: its own state would not be built again
     if isinstance(value, _IMMUTABLE):
         return _new_tuple(_Immutable, (value,))
-    if kind in (tuple, list) or kind.__module__ == "torch.return_types" or (
-            issubclass(kind, tuple) and hasattr(kind, "_fields")):
+    # staged as `map_structure` stages them: a list or dict of any class (an output node's
+    # immutable_list, immutable_dict) as a plain one, a tuple as its own class only when named
+    if isinstance(value, (tuple, list)):
+        if kind is not tuple and kind is not list:
+            kind = (list if isinstance(value, list) else kind if kind.__module__ == "torch.return_types"
+                    or hasattr(kind, "_fields") else tuple)
         parts = tuple([template(item) for item in value])
         return None if None in parts else _Container(kind, parts, None)
-    if kind is dict:
+    if isinstance(value, dict):
         parts = tuple([template(item) for item in value.values()])
         return None if None in parts else _Container(dict, parts, tuple(value))
     return None
@@ -327,8 +331,8 @@ def kept(recordings: tuple) -> tuple:
 
     for recording in recordings:
         counted(recording.value)
-    return tuple(NodeRecording(recorded(recording.value), recording.tensor_meta, recording.value_type,
-                               recording.provenance) for recording in recordings)
+    return tuple(NodeRecording(recorded(recording.value), fresh_tensor_meta(recording.tensor_meta),
+                               recording.value_type, recording.provenance) for recording in recordings)
 
 
 def _extent(shape: tuple, stride: tuple) -> int:
@@ -348,6 +352,8 @@ def _fresh(record: TensorRecord, storages: dict) -> torch.Tensor:
         storage = storages[record.storage] = torch.UntypedStorage(record.storage_bytes, device="meta")
     fresh = torch.empty((0,), dtype=record.dtype, device="meta").set_(storage, record.offset, record.shape,
                                                                       record.stride)
+    if storage.nbytes() != record.storage_bytes:
+        storage.resize_(record.storage_bytes)  # set_ grows a storage to the view; the walk's was shrunk after it
     if record.conj:
         fresh = fresh.conj()
     if record.neg:
@@ -437,7 +443,37 @@ def differences(kept_nodes: tuple, walked: tuple) -> list[int]:
 def _comparable(described: Any) -> Any:
     if type(described) is _Immutable:
         value = described.value
+        if type(value) is float:  # -0.0 == 0.0, yet math.copysign tells them apart
+            return (float, "nan") if value != value else (float, value, math.copysign(1.0, value))
         return (type(value), "nan") if value != value else (type(value), value)
     if type(described) is _Container:
         return (described.kind, described.keys, tuple(_comparable(part) for part in described.parts))
     return described
+
+
+def built_differences(kept_nodes: tuple, staged: list, make_fake: Any) -> list[int]:
+    """The positions at which what a replay of ``kept_nodes`` builds differs from a walk's staged
+    values (``staged``, graph order): sizes, strides, offsets, dtypes, devices, requires_grad and
+    leafness, conj/neg bits, which values share a storage and its size. `differences` compares what
+    the entry keeps; this compares what a replay makes of it, so ``cache="verify"`` catches a wrong build."""
+    storages: dict = {}
+    built = [build(recording.value, make_fake, storages) for recording in kept_nodes]
+    replayed, walked = _layouts(built), _layouts(staged)
+    return [position for position, (first, second) in enumerate(zip(replayed, walked)) if first != second]
+
+
+def _layouts(values: list) -> list:
+    storages: dict[int, int] = {}
+
+    def described(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (type(value), tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+                    value.requires_grad, value.is_leaf, value.is_conj(), value.is_neg(),
+                    storages.setdefault(storage_key(value), len(storages)), value.untyped_storage().nbytes())
+        if isinstance(value, dict):
+            return (type(value), tuple(value), tuple(described(item) for item in value.values()))
+        if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+            return (type(value), tuple(described(item) for item in value))
+        return _comparable(_Immutable(value))
+
+    return [described(value) for value in values]
