@@ -231,3 +231,20 @@ def test_tensor_meta_memory_formats_match_shape_prop_on_every_call(layout):
     for _ in range(2):
         fxprop.propagate(gm, TensorSpec(shape))
         assert {node.name: node.meta["tensor_meta"].memory_format for node in gm.graph.nodes} == expected
+
+
+def test_torch_functional_is_not_a_functorch_package():
+    """``torch.functional`` (split, einsum, broadcast_tensors) starts with ``torch.func``: its functions were
+    judged functorch transforms, never memoized, never replayed, and said to reach autograd."""
+    from fxprop.memo.purity import may_differentiate
+    gm = torch.fx.symbolic_trace(lambda x: torch.einsum("ij,jk->ik", *torch.split(x, [2, 2])))
+    assert not may_differentiate(gm)
+    cache = fxprop.RuleCache()
+    values = []
+    for _ in range(3):
+        copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        out = fxprop.propagate(copied, TensorSpec((4, 2)), cache=cache)
+        values.append((tuple(out.shape), out.stride()))
+    real = gm(torch.randn(4, 2))
+    assert values == [(tuple(real.shape), real.stride())] * 3
+    assert cache.stats()["hits"] > 0 and cache.stats()["replays"] == 1

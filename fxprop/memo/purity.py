@@ -30,6 +30,11 @@ _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
 
 
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of ``packages`` or inside one (``torch.functional`` is not inside ``torch.func``)."""
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
 def may_differentiate(gm: torch.fx.GraphModule) -> bool:
     """Whether running ``gm`` may walk the autograd graph of its values (``backward``,
     ``autograd.grad``, or code fxprop cannot see into). A memoized result is a fresh tensor
@@ -74,7 +79,7 @@ def _may_reach_autograd(target: Any) -> bool:
     if not _is_torch_target(target):
         return True
     module = getattr(target, "__module__", None) or ""
-    reaches = module.startswith(_AUTOGRAD_PACKAGES)
+    reaches = _within(module, _AUTOGRAD_PACKAGES)
     try:
         _reaching_autograd[target] = reaches
     except TypeError:
@@ -130,7 +135,7 @@ def replayable_target(op: str, target: Any) -> bool:
         module = getattr(target, "__module__", None) or ""
         name = getattr(target, "__name__", "") or ""
         replayable = (_is_torch_target(target) and target not in _EFFECTS_OUTSIDE
-                      and not module.startswith(_STATEFUL_PACKAGES)
+                      and not _within(module, _STATEFUL_PACKAGES)
                       and (not name.startswith(_SETTERS) or target in _SETTINGS_PUT_BACK))
     if replayable:
         _replayable[key] = True
@@ -168,4 +173,4 @@ def _judge_purity(op: str, target: Any) -> bool:
     if name.startswith(_SETTERS):
         return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
     return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
-            and not module.startswith(_STATEFUL_PACKAGES))
+            and not _within(module, _STATEFUL_PACKAGES))
