@@ -20,6 +20,7 @@ The CI slice is derandomized. The long campaign (see docs/reliability.md, "Fuzz 
 """
 from __future__ import annotations
 
+import copy
 import math
 import operator
 import os
@@ -985,9 +986,42 @@ def check_graph(gm: torch.fx.GraphModule, recipes: list[InputRecipe], cache: Any
             "but fxprop propagated the graph")
         mismatches = compare_nodes(gm, real.values)
         assert not mismatches, render_mismatches(mismatches)
+        if isinstance(cache, fxprop.RuleCache):
+            check_replay(gm, inputs, cache, real.values)
     finally:
         assert gm.code == code
         assert time.process_time() - start < MAX_SECONDS_PER_GRAPH, "propagate took too long (hung?)"
+
+
+def check_replay(gm: torch.fx.GraphModule, inputs: list, cache: fxprop.RuleCache, observed: dict) -> None:
+    """The graph twice more, on copies: kept at its second sighting, replayed whole at its third
+    (where it may be); each annotated exactly as the walk annotated ``gm``, and as real execution."""
+    walked = layouts(gm)
+    for _ in range(2):
+        copied = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        fxprop.propagate(copied, *inputs, cache=cache)
+        assert layouts(copied) == walked, "a kept or replayed propagation differs from the walk"
+        mismatches = compare_nodes(copied, observed)
+        assert not mismatches, render_mismatches(mismatches)
+    event("replayed whole" if cache.stats()["replays"] else "walked on every call (not replayable)")
+
+
+def layouts(gm: torch.fx.GraphModule) -> list:
+    """Every node's annotation, storages named by the order they are first met."""
+    storages: dict[int, int] = {}
+
+    def described(value):
+        if isinstance(value, torch.Tensor):
+            storage = storages.setdefault(value.untyped_storage()._cdata, len(storages))
+            return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+                    value.requires_grad, value.is_conj(), value.is_neg(), storage, value.untyped_storage().nbytes())
+        if isinstance(value, (tuple, list)) and not isinstance(value, torch.Size):
+            return (type(value), tuple(described(item) for item in value))
+        if isinstance(value, dict):
+            return (dict, tuple(value), tuple(described(item) for item in value.values()))
+        return (type(value), "nan") if isinstance(value, float) and value != value else (type(value), value)
+    return [(node.name, described(node.meta.get("val")), node.meta.get("tensor_meta"), node.meta.get("type"),
+             node.meta.get("fxprop")) for node in gm.graph.nodes]
 
 
 @settings(max_examples=EXAMPLES or 150, derandomize=not CAMPAIGN, deadline=None, database=None,
