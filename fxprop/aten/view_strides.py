@@ -8,12 +8,13 @@ result out so. `view_strides` is ATen's algorithm, on sizes and strides only, fo
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import symbolic
-from ..torch_compat import DATA_DEPENDENT_ERRORS
+from .. import ambient, symbolic
+from ..memo.cache import Uncacheable, symbolic_signature
+from ..torch_compat import DATA_DEPENDENT_ERRORS, storage_key
 
 aten = torch.ops.aten
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
@@ -61,3 +62,35 @@ def as_aten_views(op, args: tuple, result):
     except DATA_DEPENDENT_ERRORS:
         return result
     return result.as_strided(result.shape, strides, result.storage_offset())
+
+
+def remembered_view(op, args: tuple, kwargs: dict, view: Callable[[], Any]) -> Any:
+    """``view()``, the result of the view op ``op``; in a propagation with symbolic sizes, a view
+    with the same geometry as an earlier one (the source's sizes, strides and offset, the sizes
+    asked for, as expressions) is laid over the source with that one's sizes and strides instead.
+    torch views through its python decomposition there, a millisecond of symbolic arithmetic a
+    call, and a model views alike in every layer. The first call decided all the geometry needed
+    in this call's ShapeEnv, so the repeat has nothing left to decide."""
+    session = ambient.session()
+    key = _geometry(op, args, kwargs) if session is not None and symbolic.current().active else None
+    if key is None:
+        return view()
+    known = session.view_geometries.get(key)
+    if known is not None:
+        return args[0].as_strided(*known)
+    symbols_before = symbolic.current().symbol_count()
+    result = view()
+    if (isinstance(result, torch.Tensor) and type(result) is torch.Tensor and result is not args[0]
+            and storage_key(result) == storage_key(args[0]) and symbolic.current().symbol_count() == symbols_before):
+        session.view_geometries[key] = (result.shape, result.stride(), result.storage_offset())
+    return result
+
+
+def _geometry(op, args: tuple, kwargs: dict) -> Any:
+    """The key of a view's geometry, or None for a call whose result a key could not stand for."""
+    if kwargs or not args or type(args[0]) is not torch.Tensor or args[0].device.type != "meta":
+        return None
+    try:
+        return (op, symbolic_signature(args))
+    except Uncacheable:
+        return None

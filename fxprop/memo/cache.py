@@ -131,11 +131,11 @@ def symbolic_signature(value: Any) -> Hashable:
                 value.requires_grad and value.is_leaf, bits)
     if isinstance(value, _SYMBOLIC_SCALARS):
         return (type(value), value.node.expr)
-    kind = type(value)
-    if kind in (tuple, list, torch.Size):
-        return (kind, tuple([symbolic_signature(item) for item in value]))
-    if kind is dict:
-        return ("dict", tuple([(key, symbolic_signature(item)) for key, item in value.items()]))
+    # subclasses too: a node's list arguments are fx's immutable_list
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple([symbolic_signature(item) for item in value]))
+    if isinstance(value, dict):
+        return (type(value), tuple([(key, symbolic_signature(item)) for key, item in value.items()]))
     return signature(value)
 
 
