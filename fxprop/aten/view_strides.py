@@ -12,6 +12,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+import sympy
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
 from .. import ambient, symbolic
 from ..memo.cache import Uncacheable, symbolic_signature
 from ..torch_compat import DATA_DEPENDENT_ERRORS, storage_key
@@ -43,6 +46,57 @@ def view_strides(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence)
                 chunk_base_stride = old_stride[tensor_d - 1]
                 tensor_numel, view_numel = 1, 1
     return new_stride if view_d == -1 else None
+
+
+def plain_view(args: tuple) -> torch.Tensor | None:
+    """``view(size)`` of a meta tensor with symbolic sizes, as `as_aten_views` lays out torch's result,
+    where the sizes make every check of torch's python view plain on sight: sizes asked for that are
+    ints or input sizes (never -1 by their ranges), their count of elements the source's (the same
+    product, or one -1 that divides it exactly), and a source with elements. The inferred size is
+    computed as torch computes it. Anything else returns None, and torch's view runs."""
+    source, size = args[0], args[1] if len(args) == 2 else None
+    if not isinstance(size, (list, tuple)) or source.dim() == 0 or not size:
+        return None
+    numel = source.numel()
+    if not isinstance(numel, torch.SymInt) or not _backed_positive(numel.node.expr):
+        return None
+    inferred, known = None, []
+    for i, dim in enumerate(size):
+        if type(dim) is int and dim == -1 and inferred is None:
+            inferred = i
+        elif (type(dim) is int and dim >= 0) or (isinstance(dim, torch.SymInt) and dim.node.expr.is_nonnegative):
+            known.append(dim)
+        else:
+            return None
+    known_count = sympy.Mul(*(_expression(dim) for dim in known))
+    if inferred is None:
+        return _strided_view(source, list(size)) if known_count == numel.node.expr else None
+    if not (known_count.is_positive and (numel.node.expr / known_count).is_integer):
+        return None
+    newsize = 1
+    for dim in known:
+        newsize *= dim
+    shape = list(size)
+    shape[inferred] = numel // newsize
+    return _strided_view(source, shape)
+
+
+def _strided_view(source: torch.Tensor, shape: list) -> torch.Tensor | None:
+    try:
+        strides = view_strides(source.shape, source.stride(), shape)
+    except DATA_DEPENDENT_ERRORS:
+        return None
+    return None if strides is None else source.as_strided(shape, strides, source.storage_offset())
+
+
+def _backed_positive(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is positive by its symbols' declarations (backed input sizes are declared
+    positive; data-dependent sizes are not, and torch views them by other rules)."""
+    return bool(expr.is_positive) and not free_unbacked_symbols(expr)
+
+
+def _expression(size: Any) -> sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
 
 
 def as_aten_views(op, args: tuple, result):

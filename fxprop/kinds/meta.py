@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from .. import symbolic
+
 from ..aten import layout
-from ..aten.view_strides import VIEWS, as_aten_views, remembered_view
+from ..aten.view_strides import VIEWS, as_aten_views, plain_view, remembered_view
 from ..engine.blame import boundary
 from .direct import direct_result
 from ..aten.in_place import check_writes_into_self
@@ -18,8 +22,13 @@ def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     would, and a view as ATen's kernel would."""
     check_writes_into_self(op, args, kwargs)
     if op in VIEWS:
-        return remembered_view(op, args, kwargs, lambda: _laid_out_result(op, args, kwargs))
+        return remembered_view(op, args, kwargs, lambda: _view(op, args, kwargs))
     return _laid_out_result(op, args, kwargs)
+
+
+def _view(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    viewed = plain_view(args) if not kwargs and type(args[0]) is torch.Tensor and symbolic.current().active else None
+    return viewed if viewed is not None else _laid_out_result(op, args, kwargs)
 
 
 def _laid_out_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
