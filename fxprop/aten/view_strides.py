@@ -17,10 +17,14 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import ambient, symbolic
 from ..memo.cache import Uncacheable, symbolic_signature
-from ..torch_compat import DATA_DEPENDENT_ERRORS, storage_key
+from ..torch_compat import DATA_DEPENDENT_ERRORS, evaluate_statically, storage_key
 
 aten = torch.ops.aten
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
+
+
+class _Undecided(Exception):
+    """A comparison of sizes that the ShapeEnv's ranges alone do not decide."""
 
 
 def view_strides(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:
@@ -28,6 +32,56 @@ def view_strides(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence)
     could not view it (the caller then keeps what it has)."""
     if not old_shape:
         return [1] * len(new_shape)
+    try:
+        return _view_strides_on_sight(old_shape, old_stride, new_shape)
+    except _Undecided:
+        return _view_strides_deciding(old_shape, old_stride, new_shape)
+
+
+def _view_strides_on_sight(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:
+    """`_view_strides_deciding` where the ShapeEnv's ranges decide every comparison (raises `_Undecided`
+    where they do not): sizes compared as expressions, as torch would decide them statically, and
+    only the strides returned computed in SymInt arithmetic, by the same operations."""
+    env = next((size.node.shape_env for size in (*old_shape, *old_stride, *new_shape)
+                if isinstance(size, torch.SymInt)), None)
+    new_stride = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = old_stride[-1]
+    tensor_numel, view_numel = sympy.Integer(1), 1  # the tensor's as an expression only
+    for tensor_d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel = tensor_numel * _expression(old_shape[tensor_d])
+        if tensor_d == 0 or (
+                _on_sight(env, sympy.Ne(_expression(old_shape[tensor_d - 1]), 1))
+                and _on_sight(env, sympy.Ne(_expression(old_stride[tensor_d - 1]),
+                                            tensor_numel * _expression(chunk_base_stride)))):
+            while view_d >= 0 and (_on_sight(env, sympy.Lt(_expression(view_numel), tensor_numel))
+                                   or _on_sight(env, sympy.Eq(_expression(new_shape[view_d]), 1))):
+                new_stride[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if _on_sight(env, sympy.Ne(_expression(view_numel), tensor_numel)):
+                return None
+            if tensor_d > 0:
+                chunk_base_stride = old_stride[tensor_d - 1]
+                tensor_numel, view_numel = sympy.Integer(1), 1
+    return new_stride if view_d == -1 else None
+
+
+def _on_sight(env: Any, relation: Any) -> bool:
+    if relation is sympy.true or relation is sympy.false:
+        return bool(relation)
+    try:
+        found = evaluate_statically(env, relation) if env is not None else None
+    except Exception:  # as torch's static evaluation: what it cannot simplify is undecided
+        found = None
+    if found is None:
+        raise _Undecided
+    return bool(found)
+
+
+def _view_strides_deciding(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:
+    """ATen's computeStride on sizes and strides, its comparisons decided by the ShapeEnv (a decision
+    its ranges do not make follows the sizes' hints)."""
     new_stride = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride = old_stride[-1]
@@ -58,7 +112,8 @@ def plain_view(args: tuple) -> torch.Tensor | None:
     if not isinstance(size, (list, tuple)) or source.dim() == 0 or not size:
         return None
     numel = source.numel()
-    if not isinstance(numel, torch.SymInt) or not _backed_positive(numel.node.expr):
+    if not isinstance(numel, torch.SymInt) or not _backed_positive(numel.node.expr) or any(
+            isinstance(stride, torch.SymInt) and free_unbacked_symbols(stride.node.expr) for stride in source.stride()):
         return None
     inferred, known = None, []
     for i, dim in enumerate(size):
