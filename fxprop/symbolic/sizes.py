@@ -46,7 +46,8 @@ def definitely_equal(a: Any, b: Any) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        return resolve(a == b, default=False) is True
+        # as `resolve` decides ``a == b``, without the SymInt comparison's traced node
+        return _known_equal(_shape_env_of((a, b)), _as_sympy(a), _as_sympy(b))
     return resolve(_relation(sympy.Eq, a, b), default=False) is True
 
 
