@@ -34,6 +34,9 @@ class Session:
     walk_subgraph: Callable[[Any, list], Any] | None = None  # propagates a subgraph, annotating its nodes
     open_region: Callable[..., None] | None = None  # the nodes that follow run inside a region (autocast's)
     close_region: Callable[[], None] | None = None  # ... until the region is closed
+    # the sizes, strides and offset of the views computed with symbolic sizes, by their geometry's
+    # expressions (`fxprop.aten.view_strides.remembered_view`): they name this call's symbols
+    view_geometries: dict = field(default_factory=dict)
 
 
 def current_session() -> Session | None:

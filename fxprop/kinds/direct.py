@@ -45,8 +45,10 @@ _BINARY = {
     aten.add.Tensor: _DEFAULT, aten.sub.Tensor: _DEFAULT, aten.mul.Tensor: _DEFAULT, aten.div.Tensor: _INT_TO_FLOAT,
     aten.eq.Tensor: _ALWAYS_BOOL, aten.ne.Tensor: _ALWAYS_BOOL, aten.lt.Tensor: _ALWAYS_BOOL,
     aten.le.Tensor: _ALWAYS_BOOL, aten.gt.Tensor: _ALWAYS_BOOL, aten.ge.Tensor: _ALWAYS_BOOL,
+    aten.bitwise_and.Tensor: _DEFAULT, aten.bitwise_or.Tensor: _DEFAULT, aten.bitwise_xor.Tensor: _DEFAULT,
 }
 _NEVER_ON_BOOLS = {aten.sub.Tensor}  # "Subtraction, the `-` operator, with two bool tensors is not supported"
+_NEVER_ON_FLOATS = {aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor}  # bools and integers only
 
 # Of a floating tensor, to the same dtype; gelu's ``approximate`` is checked by its kernel.
 _UNARY_FLOAT = {aten.relu.default, aten.silu.default, aten.sigmoid.default, aten.tanh.default, aten.exp.default,
@@ -69,7 +71,8 @@ def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     else:
         return None
     dtypes = {tensor.dtype for tensor in operands}
-    if any(dtype.is_complex for dtype in dtypes) or (op in _NEVER_ON_BOOLS and torch.bool in dtypes):
+    if any(dtype.is_complex for dtype in dtypes) or (op in _NEVER_ON_BOOLS and torch.bool in dtypes) or (
+            op in _NEVER_ON_FLOATS and any(dtype.is_floating_point for dtype in dtypes)):
         return None
     shape = _plain_broadcast([tensor.shape for tensor in operands])
     if shape is None:

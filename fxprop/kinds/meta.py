@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from .. import symbolic
+
 from ..aten import layout
-from ..aten.view_strides import as_aten_views
+from ..aten.view_strides import VIEWS, as_aten_views, plain_view, remembered_view
 from ..engine.blame import boundary
 from .direct import direct_result
 from ..aten.in_place import check_writes_into_self
@@ -17,6 +21,17 @@ def run_meta(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     where its result would not fit ``self``, an elementwise result is restrided as TensorIterator
     would, and a view as ATen's kernel would."""
     check_writes_into_self(op, args, kwargs)
+    if op in VIEWS:
+        return remembered_view(op, args, kwargs, lambda: _view(op, args, kwargs))
+    return _laid_out_result(op, args, kwargs)
+
+
+def _view(op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    viewed = plain_view(args) if not kwargs and type(args[0]) is torch.Tensor and symbolic.current().active else None
+    return viewed if viewed is not None else _laid_out_result(op, args, kwargs)
+
+
+def _laid_out_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     result = direct_result(op, args, kwargs)
     if result is None and meta_kernel_takes_no_outs(op):  # its python Meta kernel refuses every out= call
         result = call_kernel(op, "CompositeExplicitAutograd", *args, **kwargs)

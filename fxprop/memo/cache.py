@@ -148,11 +148,11 @@ def symbolic_signature(value: Any) -> Hashable:
                 value.requires_grad and value.is_leaf, bits)
     if isinstance(value, _SYMBOLIC_SCALARS):
         return (type(value), value.node.expr)
-    kind = type(value)
-    if kind in (tuple, list, torch.Size):
-        return (kind, tuple([symbolic_signature(item) for item in value]))
-    if kind is dict:
-        return ("dict", tuple([(key, symbolic_signature(item)) for key, item in value.items()]))
+    # subclasses too: a node's list arguments are fx's immutable_list
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple([symbolic_signature(item) for item in value]))
+    if isinstance(value, dict):
+        return (type(value), tuple([(key, symbolic_signature(item)) for key, item in value.items()]))
     return signature(value)
 
 
@@ -270,6 +270,11 @@ class TensorRecord:
     dtype: torch.dtype
     requires_grad: bool
     device: torch.device
+    # with symbolic sizes, the bytes of the recorded result's storage, and once a rebuild has computed
+    # it, the count of its elements (None: `_fresh_symbolic_meta` cannot remake them); no part of the
+    # record's identity
+    storage_bytes: Any = dataclasses.field(default=None, compare=False, repr=False)
+    storage_elements: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,7 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
         if not isinstance(offset, int):
             return None  # rebuilt fresh, a symbolic offset would need the storage's extent decided
         record = TensorRecord(tuple(value.shape), value.stride(), offset, value.dtype,
-                              value.requires_grad, device_of(value))
+                              value.requires_grad, device_of(value), _symbolic_storage_bytes(value))
         shares_storage = any(storage_key(tensor) == storage_key(value) for tensor in inputs)
         if not is_view(value):
             # a result sharing an input's storage that autograd does not call a view (``view(dtype)``
@@ -378,11 +383,39 @@ def _fresh_meta(record: TensorRecord) -> torch.Tensor:
         extent = record.offset + 1 + sum((s - 1) * st for s, st in zip(record.shape, record.stride) if s)
         meta = torch.empty(extent, dtype=record.dtype, device="meta").as_strided(record.shape, record.stride, record.offset)
     else:
-        meta = torch.empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
+        meta = _fresh_symbolic_meta(record) if record.storage_bytes is not None else None
+        if meta is None:
+            meta = torch.empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
     if record.requires_grad:
         # A result of an op is not a leaf: in-place ops on it must stay legal, as they are in torch.
         meta = DelayedError("fxprop: no gradients through propagation results", 1)(meta.requires_grad_(True))
     return meta
+
+
+def _symbolic_storage_bytes(value: torch.Tensor) -> torch.SymInt | None:
+    if type(value) is not torch.Tensor or not any(isinstance(size, torch.SymInt) for size in value.shape):
+        return None
+    found = value.untyped_storage().nbytes()
+    return found if isinstance(found, torch.SymInt) else None
+
+
+def _fresh_symbolic_meta(record: TensorRecord) -> torch.Tensor | None:
+    """A fresh tensor of the record's symbolic sizes with a storage of the recorded result's bytes, as the
+    call made it: its own storage, no view. Laid over a flat storage, below the layer where autograd
+    records views: ``empty_strided`` computes a storage's extent in symbolic arithmetic, a traced node
+    an operation, dims times over; the flat one takes one dim's worth. None where the flat storage's
+    bytes would not be the recorded expression."""
+    if not record.storage_elements:
+        record.storage_elements.append(record.storage_bytes // record.dtype.itemsize)
+    elements = record.storage_elements[0]
+    if elements is None:
+        return None
+    flat = torch.empty((elements,), dtype=record.dtype, device="meta")
+    if _expression(flat.untyped_storage().nbytes()) != _expression(record.storage_bytes):
+        record.storage_elements[0] = None
+        return None
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        return flat.as_strided(record.shape, record.stride)
 
 
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:

@@ -46,7 +46,8 @@ def definitely_equal(a: Any, b: Any) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
-        return resolve(a == b, default=False) is True
+        # as `resolve` decides ``a == b``, without the SymInt comparison's traced node
+        return _known_equal(_shape_env_of((a, b)), _as_sympy(a), _as_sympy(b))
     return resolve(_relation(sympy.Eq, a, b), default=False) is True
 
 
@@ -97,34 +98,48 @@ _DIM_ORDER = {torch.channels_last: (1, 3, 2, 0), torch.channels_last_3d: (1, 4, 
 
 def known_laid_out_in(shape: tuple, stride: tuple, memory_format: torch.memory_format) -> bool:
     """Whether sizes and strides are laid out in ``memory_format``, as far as the ShapeEnv knows
-    without deciding anything: `statically_known_true` never adds a guard, where torch's own
-    checks guard on a backed size's hint."""
+    without deciding anything: what its ranges decide statically never adds a guard, where torch's
+    own checks guard on a backed size's hint. Worked on the sizes' expressions: SymInt arithmetic
+    would build a traced node for every product."""
+    env = _shape_env_of((*shape, *stride))
+    sizes, strides = [_as_sympy(size) for size in shape], [_as_sympy(size) for size in stride]
     if memory_format is torch.contiguous_format:
-        if torch_compat.statically_known_true(math.prod(shape) == 0):
+        if _known(env, sympy.Eq(sympy.Mul(*sizes), 0)):
             return True
         order = range(len(shape) - 1, -1, -1)
     else:
         order = _DIM_ORDER[memory_format]
         if len(order) != len(shape):
             return False
-    expected = 1
+    expected = sympy.Integer(1)
     for dim in order:
-        size = shape[dim]
-        if _known_equal(size, 1):
+        size = sizes[dim]
+        if _known_equal(env, size, 1):
             continue
-        if not _known_equal(stride[dim], expected):
+        if not _known_equal(env, strides[dim], expected):
             return False
         expected = expected * size
     return True
 
 
-def _known_equal(a: Any, b: Any) -> bool:
+def _known_equal(env: Any, a: sympy.Expr, b: Any) -> bool:
     """``a == b`` as the ShapeEnv knows it, without a guard; equal expressions are equal on sight."""
-    if type(a) is int and type(b) is int:
-        return a == b
-    if _as_sympy(a) == _as_sympy(b):
-        return True
-    return torch_compat.statically_known_true(a == b)
+    return a == b or _known(env, sympy.Eq(a, b))
+
+
+def _known(env: Any, relation: Any) -> bool:
+    if relation is sympy.true or relation is sympy.false:
+        return bool(relation)
+    if env is None:
+        return False
+    try:
+        return bool(torch_compat.evaluate_statically(env, relation))
+    except Exception:  # as torch's statically_known_true: what it cannot simplify is not known
+        return False
+
+
+def _shape_env_of(sizes: tuple) -> Any:
+    return next((size.node.shape_env for size in sizes if isinstance(size, torch.SymInt)), None)
 
 
 def contiguous_strides(sizes: Iterable[Any], inner: Any = 1) -> tuple:
