@@ -137,6 +137,7 @@ def has_symbolic_layout(tensor: torch.Tensor) -> bool:
 
 
 any_autocast_enabled = torch._C._is_any_autocast_enabled
+below_autograd_views = torch._C._AutoDispatchBelowADInplaceOrView  # as_strided that makes no autograd view
 
 
 def export_guards_code(module: torch.nn.Module) -> Any:

@@ -16,7 +16,7 @@ import sympy
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import ambient, symbolic
-from ..memo.cache import Uncacheable, symbolic_signature
+from ..memo.signatures import Uncacheable, symbolic_signature
 from ..torch_compat import DATA_DEPENDENT_ERRORS, evaluate_statically, storage_key
 
 aten = torch.ops.aten

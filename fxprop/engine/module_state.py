@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin
 from torch.utils.hooks import RemovableHandle
 
-from ..memo.cache import Uncacheable, signature, values_signature
+from ..memo.signatures import Uncacheable, signature, values_signature
 from ..devices import normalize_device, tag
 from .known_values import KnownValues
 from ..distributed.dtensors import as_parameter, internal_dtensor, is_dtensor

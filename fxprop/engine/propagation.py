@@ -30,8 +30,8 @@ from .. import ambient, symbolic, torch_compat
 from ..call import Call
 from ..memo.backend_flags import environment
 from ..memo.purity import is_pure, may_differentiate
-from ..memo.cache import (CallMemo, RuleCache, TensorSignatures, rule_cache,
-                          symbolic_signature, verify_by_default)
+from ..memo.cache import CallMemo, RuleCache, rule_cache, verify_by_default
+from ..memo.signatures import TensorSignatures, symbolic_signature
 from .metadata import FakeTensorFactory, map_structure
 from .session import Session
 from ..devices import default_device_if_set, logical_default_device

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
                             functorch_unwrapped, is_composite_implicit, packet_of, pytree)
-from ..memo.cache import Uncacheable, symbolic_signature
+from ..memo.signatures import Uncacheable, symbolic_signature
 from ..engine.module_state import StateView
 from ..distributed.dtensors import META_KEY
 from ..aten.flop_formulas import EXTRA_FORMULAS, FORMULAS  # noqa: F401  (re-exported)

@@ -33,7 +33,8 @@ from ..devices import device_of
 from ..kinds import Kind
 from ..torch_compat import (any_autocast_enabled, export_guards_code, functorch_depth, global_module_hooks_registered,
                             neg_view, own_state, storage_key)
-from .cache import Uncacheable, _Key, signature, values_signature
+from .cache import _Key
+from .signatures import Uncacheable, signature, values_signature
 from .purity import replayable_target
 
 # What a replayed value may hold besides tensors and containers: values nobody can change in place.
