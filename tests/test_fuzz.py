@@ -128,6 +128,7 @@ class Builder:
         self.tensors: list[torch.fx.Node] = []
         self.ints: list[torch.fx.Node] = []
         self.failed: torch.fx.Node | None = None
+        self.attributes: dict[str, torch.Tensor] = {}  # the builder's copies of the root's tensors
         for i, recipe in enumerate(recipes):
             node = self.graph.placeholder(f"x{i}")
             self.add(node, recipe.make())
@@ -202,7 +203,7 @@ class Builder:
             elif kind == "call_module":
                 value = self.root.get_submodule(target)(*real_args, **real_kwargs)
             elif kind == "get_attr":
-                value = getattr(self.root, target)
+                value = self.attribute(target)
             else:
                 value = target(*real_args, **real_kwargs)
         except Exception:
@@ -216,6 +217,18 @@ class Builder:
             index = self.draw(st.integers(-len(value), len(value) - 1))
             self.call("call_function", operator.getitem, (node, index))
         return node
+
+    def attribute(self, name: str) -> torch.Tensor:
+        """The builder's own copy of one of the root's tensors, the same copy every time: an op run
+        while building (an in-place add of an input that requires grad) must leave the root as the
+        graph will find it."""
+        if name not in self.attributes:
+            original = getattr(self.root, name)
+            copied = original.detach().clone()
+            if isinstance(original, torch.nn.Parameter):
+                copied = torch.nn.Parameter(copied, requires_grad=original.requires_grad)
+            self.attributes[name] = copied
+        return self.attributes[name]
 
     def fn(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node | None:
         return self.call("call_function", target, args, kwargs)
@@ -1030,6 +1043,28 @@ def layouts(gm: torch.fx.GraphModule) -> list:
 def test_random_graphs(case, cache):
     gm, recipes = case
     check_graph(gm, recipes, cache=fxprop.RuleCache(64) if cache == "own" else cache)
+
+
+def test_building_a_graph_leaves_the_module_state_as_the_graph_finds_it():
+    """Campaign finding: the builder ran ``p0.add_(x0)`` on the root's own buffer, with an ``x0``
+    that requires grad; the buffer became a non-leaf and the check's copy of the module failed."""
+    def no_draws(strategy):
+        raise AssertionError("this graph needs no draw")
+
+    recipes = [InputRecipe((), (), 0, torch.float32, True, True, 0)]
+    builder = Builder(no_draws, recipes)
+    builder.root.register_buffer("p0", torch.ones(()))
+    p0 = builder.call("get_attr", "p0", ())
+    builder.method("add_", p0, next(iter(builder.graph.nodes)))
+    builder.graph.output(next(reversed(builder.graph.nodes)))
+    assert builder.root.p0.is_leaf and builder.root.p0.item() == 1.0
+    gm = torch.fx.GraphModule(builder.root, builder.graph)
+
+    @settings(max_examples=1, database=None)
+    @given(st.just(gm))
+    def the_property(graph):  # check_graph notes what it checks, as in a hypothesis test
+        check_graph(graph, recipes, cache=fxprop.RuleCache(64))
+    the_property()
 
 
 def test_the_pool_covers_every_family():
