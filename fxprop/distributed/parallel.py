@@ -161,12 +161,12 @@ def _gather(position: int, replicate: Any, rest: Any):
             placements[position] = replicate
             gathered = parameter.redistribute(mesh, placements)
             saved[name] = parameter
-            parameters[name] = _drop_dim(gathered, None if name in module._fxprop_plain else rest, position)
+            parameters[name] = drop_dim(gathered, None if name in module._fxprop_plain else rest, position)
         module._fxprop_sharded = saved
     return gather
 
 
-def _drop_dim(gathered: Any, rest: Any, position: int) -> Any:
+def drop_dim(gathered: Any, rest: Any, position: int) -> Any:
     """A DTensor replicated on mesh dim ``position``, as the DTensor on the other dims, ``rest``
     (FSDP2's unsharded parameter lives on the tensor-parallel mesh alone), or as its local tensor
     where ``rest`` is None. Differentiable: each data-parallel rank's gradient is its own part of
