@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..devices import device_of
+from ..devices import device_of, tag
 from ..errors import UnsupportedError
 from ..torch_compat import (FsdpGroup, FsdpParameter, FsdpState, forward_hook_dicts, fsdp_states, local_tensor_of,
                             own_state, pytree)
-from .dtensors import Collective, ParameterGather, collective_bytes
+from .dtensors import Collective, ParameterGather, collective_bytes, is_dtensor
 from .parallel import drop_dim
 
 
@@ -78,11 +78,15 @@ class FsdpEmulation:
         for hook_id in state.post_hook_ids & post_hooks.keys():
             post_hooks[hook_id] = functools.partial(self.post_forward, state, module)
 
-    def before_graph(self) -> None:
-        """The pre-forward of the FSDP modules the graph was traced from (its root)."""
+    def before_graph(self, inputs: list) -> list:
+        """The pre-forward of the FSDP modules the graph was traced from (its root): the graph's
+        inputs, cast as it casts its forward's arguments."""
         for state in self.traced:
+            if state.cast_forward_inputs and state.param_dtype is not None:
+                inputs = _cast_floating(inputs, state.param_dtype)
             for group in state.groups:
                 self.gather(group, state)
+        return inputs
 
     def pre_forward(self, state: FsdpState, module: nn.Module, shadow: nn.Module, args: tuple,
                     kwargs: dict) -> tuple[tuple, dict]:
@@ -228,7 +232,13 @@ def _dim_name(mesh: Any, dim: int) -> Any:
 
 
 def _cast_floating(tree: Any, dtype: torch.dtype) -> Any:
-    """Floating tensors of ``tree`` cast to ``dtype``, as FSDP casts its modules' inputs and outputs."""
+    """Floating tensors of ``tree`` cast to ``dtype``, as FSDP casts its modules' inputs and
+    outputs, each on the logical device it was on (a local tensor too)."""
     def cast(value: torch.Tensor) -> torch.Tensor:
-        return value.to(dtype) if torch.is_floating_point(value) and value.dtype != dtype else value
+        if not torch.is_floating_point(value) or value.dtype == dtype:
+            return value
+        result = value.to(dtype)
+        if is_dtensor(result):
+            tag(local_tensor_of(result), device_of(local_tensor_of(value)))
+        return tag(result, device_of(value))
     return pytree.tree_map_only(torch.Tensor, cast, tree)

@@ -322,16 +322,18 @@ class Propagation:
         self.gm.meta["fxprop"].update(self.symbols.summary())
         return output
 
-    def fsdp_before_graph(self) -> None:
+    def fsdp_before_graph(self, inputs: list) -> list:
         """The pre-forward of the FSDP module the graph was traced from (`fxprop.distributed.fsdp`):
-        it runs before the graph's first node, and is recorded with that node."""
+        it runs before the graph's first node, is recorded with that node, and gives the graph its
+        inputs (cast as its mixed precision policy asks)."""
         if self.fsdp is None:
-            return
+            return inputs
         self.session.record = NodeRecord(device=None)
         self.sharding.begin((), {})
         with torch.device("meta"), self.mode, symbolic.dispatcher(self.symbols):
-            self.fsdp.before_graph()
+            inputs = self.fsdp.before_graph(inputs)
         self.before_graph = self.sharding.finish(None)
+        return inputs
 
     def release(self) -> None:
         """Drop the session's callbacks into this propagation: the cycle they make would otherwise
