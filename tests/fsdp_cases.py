@@ -35,6 +35,16 @@ def blocks_and_root_layers(mesh, **fully_shard_options) -> nn.Module:
     return fully_shard(model, mesh=mesh, **fully_shard_options)
 
 
+def grouped_blocks_and_root_layers(mesh) -> nn.Module:
+    """`blocks_and_root_layers` with both blocks in one group (``fully_shard([a, b])``): gathered
+    before the first runs, let go after the last."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), cases.MLP(dim=16, hidden=30, norm=True), cases.MLP(dim=16, hidden=30),
+                          nn.Linear(16, 10))
+    fully_shard([model[1], model[2]], mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def blocks(mesh, **fully_shard_options) -> nn.Module:
     """Two FSDP blocks under a root that holds no parameter of its own."""
     torch.manual_seed(0)

@@ -130,6 +130,17 @@ def test_the_estimate_counts_gathered_parameters_as_a_real_run_holds_them():
             cases.check_estimate_against_real_run(mesh_1d, mesh_2d)
 
 
+def test_a_grouped_fully_shard_gathers_once_and_reshards_after_its_last_module():
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        model = cases.grouped_blocks_and_root_layers(mesh)
+        gm, counts = _check_against_eager(model, torch.randn(2, 16), False)
+        first, second = (n.meta["fxprop_dtensor"] for n in gm.graph.nodes if n.target in ("1", "2"))
+        assert counts == {"all_gather_into_tensor": 2} and len(first.gathers) == 1 and not second.gathers
+        assert (first.released, second.released) == ([], first.gathers)
+        model = cases.grouped_blocks_and_root_layers(mesh)
+        assert cases.estimated_live_bytes(model, torch.randn(2, 16)) == cases.real_live_bytes(model, torch.randn(2, 16))
+
+
 def test_reshard_after_forward_false_keeps_each_block_gathered():
     """The blocks' unsharded parameters stay live to the end of the graph, as in the real run."""
     with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:

@@ -194,7 +194,8 @@ class ParameterGather:
     group in their place (None on a group of one rank). ``unsharded_bytes``: FSDP's unsharded
     parameters (each padded shard times the ranks, in the all-gather's dtype), live while the module
     runs; ``buffer_bytes``: FSDP's all-gather output, which it keeps until the next group's gather
-    (or its root's forward ends); ``resharded``: the parameters are let go after the node."""
+    (or its root's forward ends); ``resharded``: FSDP lets the parameters go after forward (after
+    the node whose `NodeSharding.released` holds this gather)."""
     module: str
     parameters: tuple[str, ...]
     redistributions: tuple[Redistribution, ...]
@@ -216,6 +217,7 @@ class NodeSharding:
     flops: the FLOPs of its local ops (torch.utils.flop_counter's formulas on local shapes).
     gathers: FSDP's `ParameterGather` of each group unsharded before the node's module ran (its
         collective is among ``collectives``; its parameters' redistributions are its own).
+    released: the gathers whose parameters FSDP let go after the node's module ran (resharded).
     frees_gather_buffer: the node ends an FSDP root's forward, which lets FSDP's last all-gather
         output go.
     """
@@ -224,6 +226,7 @@ class NodeSharding:
     collectives: list[Collective] = field(default_factory=list)
     flops: int = 0
     gathers: list[ParameterGather] = field(default_factory=list)
+    released: list[ParameterGather] = field(default_factory=list)
     frees_gather_buffer: bool = False
 
     @property
@@ -377,6 +380,10 @@ class ShardingRecorder:
         if gather.collective is not None:
             self.node.collectives.append(gather.collective)
 
+    def released(self, gather: ParameterGather) -> None:
+        if self.node is not None:
+            self.node.released.append(gather)
+
     def frees_gather_buffer(self) -> None:
         if self.node is not None:
             self.node.frees_gather_buffer = True
@@ -402,10 +409,10 @@ def before(first: NodeSharding, then: NodeSharding | None, value: Any) -> NodeSh
     own record, as one record of that node."""
     if then is None:
         return NodeSharding(outputs_of(value), first.redistributions, first.collectives, first.flops, first.gathers,
-                            first.frees_gather_buffer)
+                            first.released, first.frees_gather_buffer)
     return NodeSharding(then.outputs, first.redistributions + then.redistributions,
                         first.collectives + then.collectives, first.flops + then.flops, first.gathers + then.gathers,
-                        first.frees_gather_buffer or then.frees_gather_buffer)
+                        first.released + then.released, first.frees_gather_buffer or then.frees_gather_buffer)
 
 
 def _sharding(value: Any) -> Sharding:

@@ -49,7 +49,8 @@ class FsdpEmulation:
         self.by_module = {id(module): state for state in states for module in state.modules}
         self.roots = {id(state) for state in states if _is_root(state, states, called)}
         self.traced = [state for state in states if not any(id(module) in called for module in state.modules)]
-        self.gathered = {id(group) for state in states for group in state.groups if group.unsharded}
+        self.gathered: dict[int, ParameterGather | None] = {  # by group: its gather (None: gathered before)
+            id(group): None for state in states for group in state.groups if group.unsharded}
         self.to_run: dict[int, set[int]] = {}  # a grouped fully_shard([a, b]): its modules yet to run
 
     @classmethod
@@ -120,14 +121,14 @@ class FsdpEmulation:
     def gather(self, group: FsdpGroup, state: FsdpState) -> None:
         if id(group) in self.gathered:
             return
-        self.gathered.add(id(group))
         dtypes = []
         with self.recorder.diverted() as (collectives, redistributions):
             for parameter in group.parameters:
                 unsharded, dtype = self.unshard(parameter, group, state.param_dtype)
                 dtypes.append(dtype)
                 self.set_on_owners(parameter, unsharded)
-        self.recorder.gathered(self.record(group, state, dtypes, collectives, redistributions))
+        gather = self.gathered[id(group)] = self.record(group, state, dtypes, collectives, redistributions)
+        self.recorder.gathered(gather)
 
     def unshard(self, parameter: FsdpParameter, group: FsdpGroup, param_dtype: torch.dtype | None) -> tuple:
         """The unsharded parameter, as FSDP registers it while its module runs, and its dtype."""
@@ -141,7 +142,9 @@ class FsdpEmulation:
         return drop_dim(gathered, parameter.unsharded_mesh, group.shard_dim), sharded.dtype
 
     def release(self, group: FsdpGroup) -> None:
-        self.gathered.discard(id(group))
+        gather = self.gathered.pop(id(group), None)
+        if gather is not None:
+            self.recorder.released(gather)
         for parameter in group.parameters:
             self.set_on_owners(parameter, self.view.tensor(parameter.sharded))
 

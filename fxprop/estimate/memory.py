@@ -147,7 +147,7 @@ and retargeted to the step's device, was held to the end of the step)."""
 
 class FsdpStorages:
     """FSDP's own storages across nodes (`fxprop.distributed.dtensors.ParameterGather`): a group's
-    unsharded parameters from its gather until it reshards after its module's node, and the last
+    unsharded parameters from its gather until the node after which FSDP reshards it, and the last
     all-gather output, which FSDP keeps until the next group's gather or its root's forward ends."""
 
     def __init__(self) -> None:
@@ -169,9 +169,8 @@ class FsdpStorages:
     def after(self, sharding: NodeSharding | None) -> None:
         if sharding is None:
             return
-        for gather in sharding.gathers:
-            if gather.resharded:
-                del self.unsharded[id(gather)]
+        for gather in sharding.released:
+            self.unsharded.pop(id(gather), None)
         if sharding.frees_gather_buffer:
             self.buffer = None
 
