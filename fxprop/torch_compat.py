@@ -969,7 +969,7 @@ class FsdpParameter(NamedTuple):
 class FsdpGroup(NamedTuple):
     """An FSDP parameter group: all-gathered in one collective."""
     parameters: tuple  # FsdpParameter
-    shard_dim: int  # the mesh dim of the sharded parameters' mesh FSDP shards on
+    shard_dim: int | None  # the mesh dim of the sharded parameters' mesh FSDP shards on (None: replicate)
     reshard_after_forward: bool | int  # True, False, or the world size of a smaller post-forward mesh
     unsharded: bool  # gathered now (a forward that kept it: a root's)
 

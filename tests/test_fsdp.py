@@ -17,10 +17,10 @@ import fsdp_cases as cases
 
 
 def _check_against_eager(model, x, train):
+    model.train(train)
     gm = parallel.trace(model)
     with torch.set_grad_enabled(train):
         fxprop.propagate(gm, x)
-    model.train(train)
     outputs, counts = cases.propagated(gm)
     expected_outputs, expected_counts = cases.eager_reference(model, x, train=train)
     assert outputs == {name: expected_outputs[name] for name in outputs}

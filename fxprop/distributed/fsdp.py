@@ -219,6 +219,9 @@ def _check_supported(state: FsdpState) -> None:
         raise UnsupportedError(f"fully_shard of {name} with dp_mesh_dims (FSDP on dims of a full SPMD mesh) is not "
                                "emulated")
     for group in state.groups:
+        if group.shard_dim is None:
+            raise UnsupportedError(f"{name}: a data-parallel state that does not shard its parameters (replicate) "
+                                   "is not emulated")
         if not isinstance(group.reshard_after_forward, bool):
             raise UnsupportedError(f"fully_shard of {name} with reshard_after_forward={group.reshard_after_forward} "
                                    "(resharding onto a smaller mesh after forward) is not emulated")
