@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -54,9 +55,15 @@ def blocks(mesh, **fully_shard_options) -> nn.Module:
     return fully_shard(model, mesh=mesh, **fully_shard_options)
 
 
-def fsdp_over_tensor_parallel(mesh) -> nn.Module:
+def fsdp_over_tensor_parallel(mesh, hidden: int = 30) -> nn.Module:
+    """`distributed_cases.fsdp_and_tensor_parallel` with ``hidden`` units: 30 split over tp in 15
+    rows, which dp splits again unevenly (8 and 7) in strided shards."""
     torch.manual_seed(0)
-    return cases.fsdp_and_tensor_parallel(mesh)
+    model = nn.Sequential(cases.MLP(hidden=hidden, norm=True), cases.MLP(hidden=hidden, norm=True))
+    for block in model:
+        parallelize_module(block, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
 
 
 def llama_fsdp_over_tp_sp(mesh) -> nn.Module:

@@ -47,12 +47,13 @@ def test_blocks_and_root_layers_match_eager_uneven_shards_included(rank, train):
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("hidden", [32, 30], ids=["even", "uneven"])
 @pytest.mark.parametrize("rank", [0, 3])
-def test_fsdp_over_tensor_parallel_blocks_matches_eager(rank, train):
+def test_fsdp_over_tensor_parallel_blocks_matches_eager(rank, hidden, train):
     """On a 2x2 (dp, tp) mesh: the column-wise weights are strided shards on dp; each block's group
     is one all-gather on dp, its unsharded parameters DTensors on tp, whose all-reduce follows."""
     with fxprop.mesh_simulation((2, 2), ("dp", "tp"), device_type="cpu", rank=rank) as mesh:
-        model = cases.fsdp_over_tensor_parallel(mesh)
+        model = cases.fsdp_over_tensor_parallel(mesh, hidden)
         gm, counts = _check_against_eager(model, torch.randn(2, 8, 16), train)
     assert counts == {"all_gather_into_tensor": 2, "all_reduce": 2}
     gather = next(n for n in gm.graph.nodes if n.target == "0").meta["fxprop_dtensor"].gathers[0]
@@ -172,5 +173,5 @@ def _free_port() -> int:
 def test_the_estimate_matches_the_live_storages_of_real_gloo_ranks():
     """On 4 gloo ranks, FSDP's real all-gathers included: each rank's fxprop.estimate live bytes
     after every node equal its real run's (blocks with an uneven split and a root group on 4 ranks;
-    FSDP over tensor-parallel blocks on 2x2)."""
+    FSDP over tensor-parallel blocks on 2x2, split unevenly)."""
     mp.spawn(cases.rank_worker, args=(4, _free_port()), nprocs=4, join=True)
