@@ -42,13 +42,12 @@ class FsdpEmulation:
     """FSDP's forward hooks for one propagation: ``view`` is its `StateView` (the shadows and the
     stand-ins of the parameters), ``recorder`` its `ShardingRecorder`."""
 
-    def __init__(self, states: list[FsdpState], called: set[int], view: Any, recorder: Any):
+    def __init__(self, states: list[FsdpState], held: set[int], view: Any, recorder: Any):
         self.view = view
         self.recorder = recorder
-        self.states = states
         self.by_module = {id(module): state for state in states for module in state.modules}
-        self.roots = {id(state) for state in states if _is_root(state, states, called)}
-        self.traced = [state for state in states if not any(id(module) in called for module in state.modules)]
+        self.roots = {id(state) for state in states if _is_root(state, states, held)}
+        self.traced = [state for state in states if not any(id(module) in held for module in state.modules)]
         self.gathered: dict[int, ParameterGather | None] = {  # by group: its gather (None: gathered before)
             id(group): None for state in states for group in state.groups if group.unsharded}
         self.to_run: dict[int, set[int]] = {}  # a grouped fully_shard([a, b]): its modules yet to run
@@ -176,13 +175,13 @@ class FsdpEmulation:
                                shard_bytes * ranks if ranks > 1 else 0, device, self.reshards(group, state))
 
 
-def _is_root(state: FsdpState, states: list[FsdpState], called: set[int]) -> bool:
+def _is_root(state: FsdpState, states: list[FsdpState], held: set[int]) -> bool:
     """As FSDP's lazy initialization decides: the first FSDP module to run forward is the root of
-    the FSDP modules under it. The graph's own module (traced, never called) runs first; without
-    one, each called FSDP module no other one holds."""
+    the FSDP modules under it. The graph's own module (traced, not one the graph holds) runs
+    first; without one, each FSDP module the graph holds that no other one holds."""
     if state.is_root is not None:
         return state.is_root
-    if not any(id(module) in called for module in state.modules):
+    if not any(id(module) in held for module in state.modules):
         return True
     return not any(other is not state and _holds(other, state) for other in states)
 
