@@ -90,7 +90,8 @@ def shard_parameters(model: nn.Module, mesh: Any, dim: str) -> nn.Module:
 
     Unlike FSDP2, the gathers are per module holding parameters, not one per block of them: as
     many bytes, more collectives. No CUDA call is made, so a simulated "cuda" mesh needs no GPU
-    (``fully_shard`` itself asks ``torch.cuda.current_device()``). Returns ``model``, changed."""
+    (``fully_shard`` itself asks ``torch.cuda.current_device()``; on a "cpu" mesh it propagates as
+    it is, see `fxprop.distributed.fsdp`). Returns ``model``, changed."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     names = mesh.mesh_dim_names
     if names is None or dim not in names:
