@@ -954,3 +954,86 @@ def forget_dtensor_caches() -> None:
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     _clear_sharding_prop_cache()
     clear_redistribute_planner_cache()
+
+
+# --- FSDP2 (fully_shard): its state, read (never changed) to emulate its forward hooks ---
+
+class FsdpParameter(NamedTuple):
+    """One parameter an FSDP group manages."""
+    sharded: torch.nn.Parameter  # the sharded DTensor FSDP registers between forwards
+    owners: tuple  # each (module, name) FSDP registers it on (tied parameters have several)
+    unsharded_mesh: Any  # the mesh of the unsharded parameter, a DTensor there (TP); None: a plain tensor
+    padded_numel: int  # elements of the rank's shard, padded as FSDP pads it (its all-gather input)
+
+
+class FsdpGroup(NamedTuple):
+    """An FSDP parameter group: all-gathered in one collective."""
+    parameters: tuple  # FsdpParameter
+    shard_dim: int | None  # the mesh dim of the sharded parameters' mesh FSDP shards on (None: replicate)
+    reshard_after_forward: bool | int  # True, False, or the world size of a smaller post-forward mesh
+    unsharded: bool  # gathered now (a forward that kept it: a root's)
+
+
+class FsdpState(NamedTuple):
+    """What `fully_shard` set up for one module (or one list of modules, grouped)."""
+    modules: tuple
+    groups: tuple  # FsdpGroup
+    pre_hook_ids: frozenset  # FSDP's forward pre-hooks, by handle id in the modules' hook dicts
+    post_hook_ids: frozenset
+    is_root: bool | None  # as its lazy initialization decided; None before its first forward
+    auto_reshard_after_forward: bool  # reshard_after_forward=None: a root keeps its parameters gathered
+    param_dtype: torch.dtype | None
+    output_dtype: torch.dtype | None
+    cast_forward_inputs: bool
+    spmd_mesh: bool  # fully_shard(dp_mesh_dims=...): FSDP on dims of a full SPMD mesh
+
+
+def fsdp_states() -> list[FsdpState]:
+    """Every FSDP state alive in this process (torch keeps them in a registry of composable states)."""
+    import sys
+    if "torch.distributed.fsdp._fully_shard._fsdp_state" not in sys.modules:
+        return []
+    from torch.distributed._composable_state import _module_state_mapping
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    found: dict[int, Any] = {}
+    for reference in list(_module_state_mapping.values()):
+        state = reference()
+        if isinstance(state, FSDPState):
+            found.setdefault(id(state), state)
+    return [_fsdp_state(state) for state in found.values()]
+
+
+def _fsdp_state(state: Any) -> FsdpState:
+    hooks = [state._pre_forward_hook_handle, state._post_forward_hook_handle]
+    handles = [inner for handle in hooks for inner in getattr(handle, "handles", (handle,))]
+    pre_ids = frozenset(h.id for h in handles if any(h.id in module._forward_pre_hooks for module in state._modules))
+    post_ids = frozenset(h.id for h in handles) - pre_ids
+    policy = state._mp_policy
+    groups = tuple(_fsdp_group(group) for group in state._fsdp_param_groups)
+    spmd = any(group.mesh_info.is_spmd_mesh for group in state._fsdp_param_groups)
+    return FsdpState(tuple(state._modules), groups, pre_ids, post_ids, state._is_root,
+                     bool(state._auto_reshard_after_forward), policy.param_dtype, policy.output_dtype,
+                     policy.cast_forward_inputs, spmd)
+
+
+def _fsdp_group(group: Any) -> FsdpGroup:
+    parameters = []
+    for fsdp_param in group.fsdp_params:
+        info = fsdp_param._module_info
+        owners = ((info.module, info.param_name), *zip(info.shared_modules, info.shared_param_names))
+        spec = fsdp_param._unsharded_dtensor_spec
+        parameters.append(FsdpParameter(fsdp_param.sharded_param, owners, spec.mesh if spec is not None else None,
+                                        fsdp_param.padded_sharded_param_size.numel()))
+    after = group.post_forward_mesh_info
+    if after is None:
+        reshard: bool | int = False
+    elif after == group.mesh_info:
+        reshard = True
+    else:
+        reshard = after.shard_mesh_size
+    return FsdpGroup(tuple(parameters), group.mesh_info.shard_mesh_dim, reshard, group.is_unsharded)
+
+
+def forward_hook_dicts(module: torch.nn.Module) -> tuple[dict, dict]:
+    """A module's forward pre-hooks and forward hooks, by handle id (the dicts its handles remove from)."""
+    return module._forward_pre_hooks, module._forward_hooks

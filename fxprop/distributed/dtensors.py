@@ -61,9 +61,19 @@ def internal_dtensor(value: Any, local_to_meta: Callable[[torch.Tensor, torch.de
     local = local_tensor_of(value)
     spec = dtensor_spec_of(value)
     device = local.device if local.device.type != "meta" else mesh_device(spec.mesh)
-    meta = local_to_meta(local.detach(), device)
+    meta = _keeping_storage(local_to_meta(local.detach(), device), local, device)
     result = make_dtensor(meta, spec, requires_grad=value.requires_grad)
     return tag(result, device)
+
+
+def _keeping_storage(meta: torch.Tensor, local: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``meta`` over a storage as large as ``local``'s: FSDP's shard is a view of its padded
+    storage (the last ranks of an uneven split hold fewer rows in as many bytes)."""
+    nbytes = local.untyped_storage().nbytes()
+    if nbytes <= meta.untyped_storage().nbytes() or meta.requires_grad:
+        return meta
+    storage = torch.empty(nbytes // local.element_size(), dtype=meta.dtype, device="meta")
+    return tag(storage.as_strided(meta.shape, meta.stride(), meta.storage_offset()), device)
 
 
 def as_parameter(value: Any, requires_grad: bool) -> Any:
@@ -176,6 +186,26 @@ class Redistribution:
     local_bytes: int = 0  # bytes of the redistributed local tensor (FSDP's gathered parameter)
 
 
+@dataclass(frozen=True)
+class ParameterGather:
+    """FSDP's unshard of one parameter group before its module runs (`fxprop.distributed.fsdp`):
+    the group's ``parameters`` (names on the module), each parameter's `Redistribution` (DTensor's
+    planner's all-gather on the FSDP mesh dim), and the one ``collective`` FSDP runs for the whole
+    group in their place (None on a group of one rank). ``unsharded_bytes``: FSDP's unsharded
+    parameters (each padded shard times the ranks, in the all-gather's dtype), live while the module
+    runs; ``buffer_bytes``: FSDP's all-gather output, which it keeps until the next group's gather
+    (or its root's forward ends); ``resharded``: FSDP lets the parameters go after forward (after
+    the node whose `NodeSharding.released` holds this gather)."""
+    module: str
+    parameters: tuple[str, ...]
+    redistributions: tuple[Redistribution, ...]
+    collective: Collective | None
+    unsharded_bytes: int
+    buffer_bytes: int
+    device: str
+    resharded: bool
+
+
 @dataclass
 class NodeSharding:
     """``node.meta["fxprop_dtensor"]``: what one node of a DTensor graph did on this rank.
@@ -185,11 +215,19 @@ class NodeSharding:
     redistributions: each `Redistribution`, in order.
     collectives: every `Collective` the node ran, those of its redistributions included.
     flops: the FLOPs of its local ops (torch.utils.flop_counter's formulas on local shapes).
+    gathers: FSDP's `ParameterGather` of each group unsharded before the node's module ran (its
+        collective is among ``collectives``; its parameters' redistributions are its own).
+    released: the gathers whose parameters FSDP let go after the node's module ran (resharded).
+    frees_gather_buffer: the node ends an FSDP root's forward, which lets FSDP's last all-gather
+        output go.
     """
     outputs: tuple = ()
     redistributions: list[Redistribution] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
     flops: int = 0
+    gathers: list[ParameterGather] = field(default_factory=list)
+    released: list[ParameterGather] = field(default_factory=list)
+    frees_gather_buffer: bool = False
 
     @property
     def gathered_parameter_bytes(self) -> int:
@@ -257,6 +295,7 @@ class ShardingRecorder:
         self.group_dims: dict[str, Any] = {}
         self.meshes: set[int] = set()
         self.parameters: set[int] = set()
+        self.diverting: tuple[list, list] | None = None  # (collectives, redistributions) kept apart
 
     def begin(self, args: tuple, kwargs: dict, state: tuple = ()) -> NodeSharding:
         self.node = NodeSharding()
@@ -296,9 +335,9 @@ class ShardingRecorder:
             sent, received = collective_bytes(name, group_size, _nbytes(args[0]), _nbytes(out))
             collective = Collective(name, self.group_dims.get(group_name, (group_name,))[0], group_size, sent,
                                     received)
-            node.collectives.append(collective)
             for collectives in self.open:
                 collectives.append(collective)
+            (self.diverting[0] if self.diverting is not None else node.collectives).append(collective)
             return
         formula = FORMULAS.get(packet_of(func))
         if formula is not None:
@@ -319,9 +358,35 @@ class ShardingRecorder:
         argument = next((i for i, arg in enumerate(self.arguments) if arg is local), None)
         steps = tuple(transform_steps(infos))
         local_bytes = _nbytes(result[0]) if result else 0
-        self.node.redistributions.append(Redistribution(argument, tuple(current.placements),
-                                                        tuple(target.placements), steps, tuple(collectives),
-                                                        explicit, id(local) in self.parameters, local_bytes))
+        redistribution = Redistribution(argument, tuple(current.placements), tuple(target.placements), steps,
+                                        tuple(collectives), explicit, id(local) in self.parameters, local_bytes)
+        (self.diverting[1] if self.diverting is not None else self.node.redistributions).append(redistribution)
+
+    @contextlib.contextmanager
+    def diverted(self):
+        """The collectives and redistributions of the block, kept out of the node's own lists and
+        yielded as (collectives, redistributions): FSDP's gather of a group, which the node records
+        as the one collective FSDP runs (`gathered`)."""
+        saved, self.diverting = self.diverting, ([], [])
+        try:
+            yield self.diverting
+        finally:
+            self.diverting = saved
+
+    def gathered(self, gather: ParameterGather) -> None:
+        if self.node is None:
+            return
+        self.node.gathers.append(gather)
+        if gather.collective is not None:
+            self.node.collectives.append(gather.collective)
+
+    def released(self, gather: ParameterGather) -> None:
+        if self.node is not None:
+            self.node.released.append(gather)
+
+    def frees_gather_buffer(self) -> None:
+        if self.node is not None:
+            self.node.frees_gather_buffer = True
 
     def observing(self):
         def observe(local, current, target, infos, explicit=False):
@@ -330,8 +395,24 @@ class ShardingRecorder:
 
     def finish(self, value: Any) -> NodeSharding:
         node, self.node = self.node, None
-        node.outputs = tuple(_sharding(tensor) if is_dtensor(tensor) else None for tensor in tensors_in((value,), {}))
+        node.outputs = outputs_of(value)
         return node
+
+
+def outputs_of(value: Any) -> tuple:
+    """A `Sharding` for each DTensor of ``value``, None for each plain tensor (`NodeSharding.outputs`)."""
+    return tuple(_sharding(tensor) if is_dtensor(tensor) else None for tensor in tensors_in((value,), {}))
+
+
+def before(first: NodeSharding, then: NodeSharding | None, value: Any) -> NodeSharding:
+    """What ran before a node (FSDP's root pre-forward, before the graph's first node) and the node's
+    own record, as one record of that node."""
+    if then is None:
+        return NodeSharding(outputs_of(value), first.redistributions, first.collectives, first.flops, first.gathers,
+                            first.released, first.frees_gather_buffer)
+    return NodeSharding(then.outputs, first.redistributions + then.redistributions,
+                        first.collectives + then.collectives, first.flops + then.flops, first.gathers + then.gathers,
+                        first.released + then.released, first.frees_gather_buffer or then.frees_gather_buffer)
 
 
 def _sharding(value: Any) -> Sharding:

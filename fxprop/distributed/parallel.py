@@ -90,7 +90,8 @@ def shard_parameters(model: nn.Module, mesh: Any, dim: str) -> nn.Module:
 
     Unlike FSDP2, the gathers are per module holding parameters, not one per block of them: as
     many bytes, more collectives. No CUDA call is made, so a simulated "cuda" mesh needs no GPU
-    (``fully_shard`` itself asks ``torch.cuda.current_device()``). Returns ``model``, changed."""
+    (``fully_shard`` itself asks ``torch.cuda.current_device()``; on a "cpu" mesh it propagates as
+    it is, see `fxprop.distributed.fsdp`). Returns ``model``, changed."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     names = mesh.mesh_dim_names
     if names is None or dim not in names:
@@ -161,12 +162,12 @@ def _gather(position: int, replicate: Any, rest: Any):
             placements[position] = replicate
             gathered = parameter.redistribute(mesh, placements)
             saved[name] = parameter
-            parameters[name] = _drop_dim(gathered, None if name in module._fxprop_plain else rest, position)
+            parameters[name] = drop_dim(gathered, None if name in module._fxprop_plain else rest, position)
         module._fxprop_sharded = saved
     return gather
 
 
-def _drop_dim(gathered: Any, rest: Any, position: int) -> Any:
+def drop_dim(gathered: Any, rest: Any, position: int) -> Any:
     """A DTensor replicated on mesh dim ``position``, as the DTensor on the other dims, ``rest``
     (FSDP2's unsharded parameter lives on the tensor-parallel mesh alone), or as its local tensor
     where ``rest`` is None. Differentiable: each data-parallel rank's gradient is its own part of

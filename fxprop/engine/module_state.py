@@ -23,7 +23,7 @@ import copy
 import dataclasses
 import types
 import weakref
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import torch
 from torch import nn
@@ -50,6 +50,7 @@ class StateView:
         self._copies: dict[int, Any] = {}
         self._versions_made: dict[int, int] = {}
         self._keepalive: list[Any] = []
+        self.adjust_shadow: Callable[[nn.Module, nn.Module], None] | None = None  # FSDP's hooks, emulated
 
     def device_of_state(self, tensor: torch.Tensor) -> torch.device:
         if tensor.device.type == "meta" and self.param_device is not None:
@@ -109,6 +110,8 @@ class StateView:
         state["_buffers"] = {k: None if b is None else self.tensor(b) for k, b in buffers.items()}
         state["_modules"] = {k: None if m is None else self.shadow(m) for k, m in submodules.items()}
         clone.__dict__ = state
+        if self.adjust_shadow is not None:
+            self.adjust_shadow(module, clone)
         return clone
 
     def _detached(self, item: Any) -> Any:

@@ -33,10 +33,11 @@ from ..memo.purity import is_pure, may_differentiate
 from ..memo.cache import CallMemo, RuleCache, rule_cache, verify_by_default
 from ..memo.signatures import TensorSignatures, symbolic_signature
 from .metadata import FakeTensorFactory, map_structure
-from .session import Session
+from .session import NodeRecord, Session
 from ..devices import default_device_if_set, logical_default_device
 from .dispatch import DTensorDispatch, RuleDispatch
 from ..distributed import dtensors
+from ..distributed.fsdp import FsdpEmulation
 from ..errors import InputError
 from .exported import program_inputs, sync_symbols, user_outputs
 from ..aten.index_values import IndexValues
@@ -276,6 +277,10 @@ class Propagation:
         self.mode = DTensorDispatch(self.session, self.sharding) if with_dtensors else RuleDispatch(self.session)
         torch_compat.dispatch_without_importing_dynamo(type(self.mode))
         self.shardings: dict[torch.fx.Node, dtensors.NodeSharding] = {}
+        self.fsdp = FsdpEmulation.for_graph(gm, self.state, self.sharding) if with_dtensors else None
+        if self.fsdp is not None:
+            self.state.adjust_shadow = self.fsdp.adjust_shadow
+        self.before_graph: dtensors.NodeSharding | None = None  # FSDP's root pre-forward, before the first node
         self.make_fake = FakeTensorFactory(torch_compat.container_fake_mode())
         self.staged: dict[torch.fx.Node, tuple] = {}
         self.index_values = IndexValues()
@@ -316,6 +321,19 @@ class Propagation:
         self.commit()
         self.gm.meta["fxprop"].update(self.symbols.summary())
         return output
+
+    def fsdp_before_graph(self, inputs: list) -> list:
+        """The pre-forward of the FSDP module the graph was traced from (`fxprop.distributed.fsdp`):
+        it runs before the graph's first node, is recorded with that node, and gives the graph its
+        inputs (cast as its mixed precision policy asks)."""
+        if self.fsdp is None:
+            return inputs
+        self.session.record = NodeRecord(device=None)
+        self.sharding.begin((), {})
+        with torch.device("meta"), self.mode, symbolic.dispatcher(self.symbols):
+            inputs = self.fsdp.before_graph(inputs)
+        self.before_graph = self.sharding.finish(None)
+        return inputs
 
     def release(self) -> None:
         """Drop the session's callbacks into this propagation: the cycle they make would otherwise
@@ -427,6 +445,9 @@ class Propagation:
                 node.meta.pop("tensor_meta", None)
             node.meta["type"] = value_type
             node.meta["fxprop"] = provenance
+        first = next(iter(self.gm.graph.nodes))
+        if self.before_graph is not None and self.before_graph.gathers and first in self.staged:
+            self.shardings[first] = dtensors.before(self.before_graph, self.shardings.get(first), self.staged[first][0])
         if self.sharding is not None or self.gm.meta.get("fxprop", {}).get("dtensors"):
             for node in self.staged:
                 sharding = self.shardings.get(node)

@@ -74,6 +74,8 @@ class GraphWalk:
         """Propagate every node in graph order, as the graph's generated code runs them: its
         placeholders bind the inputs first (they are the code's parameters, wherever they stand),
         and the first output returns (nodes after it never run)."""
+        if self.gm is self.propagation.gm:
+            inputs = self.propagation.fsdp_before_graph(inputs)
         self.remaining = iter(inputs)
         nodes = self.gm.graph.nodes
         total = len(nodes)

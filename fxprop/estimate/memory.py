@@ -16,11 +16,21 @@ A storage's size is the ``untyped_storage().nbytes()`` real execution allocates;
 read from the annotations, where a view shares the storage of its base.
 
 With DTensor values (`fxprop.distributed.dtensors`), the model is one rank's: a DTensor counts as its local
-shard (parameters included), and the parameters a module gathers before it runs (FSDP's
-all-gather, `fxprop.distributed.parallel.shard_parameters`) are live, at their gathered local size, just
-after that module's node and freed before the next node (``reshard_after_forward=True``). Other
-temporaries inside a node (a parallel style's all-gathered input) are not counted, as a
-single-device node's temporaries are not.
+shard's storage (parameters included: FSDP's shard is a view of its padded storage). FSDP2
+(`fully_shard`, emulated by `fxprop.distributed.fsdp`), as its forward allocates:
+
+- a group's gather allocates its unsharded parameters (each padded shard times the ranks, in the
+  all-gather's dtype) and the all-gather output (as many bytes); both are live just after the
+  node of the module that gathered (the bytes its module runs with);
+- the unsharded parameters are freed after that node where FSDP reshards after forward, and kept
+  otherwise (a root's, gathered before the graph's first node, for the whole graph);
+- the all-gather output is kept after the node, until the next group's gather frees it (FSDP
+  keeps it so that the next copy-in overlaps the all-gather) or a root's forward ends.
+
+`fxprop.distributed.parallel.shard_parameters`' gathered parameters are live, at their gathered
+local size, just after their module's node and freed before the next node. Other temporaries
+inside a node (a parallel style's all-gathered input) are not counted, as a single-device node's
+temporaries are not.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ import torch
 import torch.fx
 
 from ..call import tensors_of
-from ..distributed.dtensors import META_KEY, is_dtensor, local_of
+from ..distributed.dtensors import META_KEY, NodeSharding, ParameterGather, is_dtensor, local_of
 from ..torch_compat import (FakeTensor, OpOverload, distributed_available, functorch_unwrapped, schema_of,
                            storage_key)
 
@@ -94,6 +104,7 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
         storage = trace.storages[key]
         live[storage.device] = live[storage.device] + storage.nbytes
     references: dict[Hashable, int] = {}
+    fsdp = FsdpStorages()
     for node in nodes:
         allocated: dict[str, Any] = {}
         for key in trace.keys_of[node]:
@@ -107,10 +118,14 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
         trace.allocated[node.name] = allocated
         trace.live[node.name] = dict(live)
         gathered = _gathered_parameter_bytes(node)
-        if gathered:  # FSDP's gathered parameters: live while the node's module runs, then let go
+        if gathered:  # shard_parameters' gathered parameters: live while the node's module runs, then let go
             device = next(iter(trace.live[node.name]), None) if not trace.keys_of[node] else \
                 trace.storages[trace.keys_of[node][0]].device
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + gathered
+        sharding = node.meta.get(META_KEY)
+        for device, nbytes in fsdp.during(sharding).items():
+            trace.live[node.name][device] = trace.live[node.name].get(device, 0) + nbytes
+        fsdp.after(sharding)
         if node.op == "output":
             continue
         for dead in (*last_uses.get(node, ()), *((node,) if not node.users and node.op in _CALLS else ())):
@@ -128,6 +143,36 @@ _CALLS = ("call_function", "call_method", "call_module")
 """A call whose value nothing uses frees it right after, as eager frees an unreferenced temporary
 (``torch.empty(shape, device="meta").stride()`` in transformers' tensor-parallel layers, traced
 and retargeted to the step's device, was held to the end of the step)."""
+
+
+class FsdpStorages:
+    """FSDP's own storages across nodes (`fxprop.distributed.dtensors.ParameterGather`): a group's
+    unsharded parameters from its gather until the node after which FSDP reshards it, and the last
+    all-gather output, which FSDP keeps until the next group's gather or its root's forward ends."""
+
+    def __init__(self) -> None:
+        self.unsharded: dict[int, ParameterGather] = {}
+        self.buffer: tuple[str, int] | None = None
+
+    def during(self, sharding: NodeSharding | None) -> dict[str, int]:
+        """Bytes live just after the node (its module's gathered parameters still counted)."""
+        for gather in sharding.gathers if sharding is not None else ():
+            self.unsharded[id(gather)] = gather
+            self.buffer = (gather.device, gather.buffer_bytes)
+        totals: dict[str, int] = {}
+        for gather in self.unsharded.values():
+            totals[gather.device] = totals.get(gather.device, 0) + gather.unsharded_bytes
+        if self.buffer is not None:
+            totals[self.buffer[0]] = totals.get(self.buffer[0], 0) + self.buffer[1]
+        return totals
+
+    def after(self, sharding: NodeSharding | None) -> None:
+        if sharding is None:
+            return
+        for gather in sharding.released:
+            self.unsharded.pop(id(gather), None)
+        if sharding.frees_gather_buffer:
+            self.buffer = None
 
 
 def _gathered_parameter_bytes(node: torch.fx.Node) -> int:
