@@ -353,3 +353,47 @@ def test_grouped_mm_on_the_cpu_takes_its_dtypes_and_pads_its_rows_to_16_bytes(ca
     without CUDA allocates it contiguous): MoE experts in an eager training graph."""
     mat_a, mat_b, offs = GROUPED_MM[case]
     fxprop.testing.check_rule(torch.ops.aten._grouped_mm.default, mat_a.to(dtype), mat_b.to(dtype), offs)
+
+
+ALLOCATED_LIKE_SELF_OR_CONTIGUOUS = {
+    "sort": lambda t: torch.sort(t, 0),
+    "sort, stable": lambda t: torch.sort(t, stable=True, dim=-1),
+    "argsort": lambda t: torch.argsort(t, 0),
+    "msort": torch.msort,
+    "flip": lambda t: torch.flip(t, [0]),
+    "empty_like": torch.empty_like,
+    "zeros_like": torch.zeros_like,
+    "ones_like, int32": lambda t: torch.ones_like(t, dtype=torch.int32),
+    "full_like": lambda t: torch.full_like(t, 3),
+    "rand_like": lambda t: torch.rand_like(t.float()),
+    "randint_like": lambda t: torch.randint_like(t, 5),
+    "zeros_like, contiguous": lambda t: torch.zeros_like(t, memory_format=torch.contiguous_format),
+    "masked_fill": lambda t: t.masked_fill(t > 2, 0),
+    "masked_fill, tensor value": lambda t: t.masked_fill(t > 2, torch.tensor(0)),
+    "renorm": lambda t: torch.renorm(t.float(), 2, 0, 1.0),
+    "polar": lambda t: torch.polar(t.float(), t.float()),
+    "complex": lambda t: torch.complex(t.float(), t.float()),
+}
+
+
+@pytest.mark.parametrize("make", list(ALLOCATED_LIKE_SELF_OR_CONTIGUOUS.values()), ids=list(ALLOCATED_LIKE_SELF_OR_CONTIGUOUS))
+@pytest.mark.parametrize("layout", [((1, 1, 1, 1), (2, 2, 2, 2)), ((4, 1, 3), (1, 8, 4)), ((2, 1, 3), (3, 7, 1)),
+                                    ((3, 1), (2, 5)), ((2, 3), (1, 2))], ids=str)
+def test_kernels_that_allocate_like_self_or_contiguous_lay_out_as_the_cpu_does(make, layout):
+    """Campaign finding: ``sort`` of a dense (1, 1, 1, 1) int64 tensor of strides 2 gives values of
+    strides 2 on the CPU (its kernel allocates ``self``'s strides where ``self`` is dense), so a
+    following ``view(torch.float32)`` is refused; the meta kernel's ``empty_like`` recomputes the
+    strides of size-1 dims. Kernels that allocate ``empty_like(self)`` keep them (flip, the
+    ``*_like`` factories); ``masked_fill`` and ``renorm`` allocate contiguous; ``polar`` and
+    ``complex`` are TensorIterator ops."""
+    shape, stride = layout
+    x = torch.empty_strided(shape, stride, dtype=torch.int64).random_(0, 5)
+
+    class Model(torch.nn.Module):
+        def forward(self, t):
+            return make(t)
+    gm = torch.fx.symbolic_trace(Model())
+    real = make(x)
+    got = fxprop.propagate(gm, x)
+    real, got = (real, got) if isinstance(real, tuple) else ((real,), (got,))
+    assert [t.stride() for t in got] == [t.stride() for t in real]

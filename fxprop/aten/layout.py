@@ -49,8 +49,8 @@ _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.defa
 # TensorIterator ops that torch does not tag pointwise.
 _ELEMENTWISE_UNTAGGED = {aten.floor_divide.default, aten.floor_divide.Scalar, aten.true_divide.Scalar}
 
-# Backward kernels that build a TensorIterator over these operands, in this order, whether or not
-# torch tags them pointwise (the activations' structured kernels in aten/src/ATen/native/Activation.cpp:
+# Kernels that build a TensorIterator over these operands, in this order, whether or not torch
+# tags them pointwise (``polar``, ``complex``, and the activations' backward structured kernels in aten/src/ATen/native/Activation.cpp:
 # softplus_backward iterates over (grad_output, self); threshold_backward, leaky_relu_backward and
 # _prelu_kernel_backward put self first, so their result follows self's layout, not the grad's).
 _TENSOR_ITERATOR_OPERANDS: dict[Any, tuple[str, ...]] = {
@@ -62,15 +62,31 @@ _TENSOR_ITERATOR_OPERANDS: dict[Any, tuple[str, ...]] = {
     aten.threshold_backward.default: ("self", "grad_output"),
     aten.leaky_relu_backward.default: ("self", "grad_output"),
     aten._prelu_kernel_backward.default: ("self", "weight", "grad_output"),
+    aten.polar.default: ("abs", "angle"),
+    aten.complex.default: ("real", "imag"),
 }
 
-# Backward kernels that allocate their input's gradient contiguous (``at::zeros_like(self,
-# LEGACY_CONTIGUOUS_MEMORY_FORMAT)`` in aten/src/ATen/native/Loss.cpp, on every device) before
-# writing into it: {op: the positions of the outputs so allocated}.
+# Kernels that allocate their result contiguous before writing into it, on every device:
+# {op: the positions of the outputs so allocated}. The loss backwards (``at::zeros_like(self,
+# LEGACY_CONTIGUOUS_MEMORY_FORMAT)`` in aten/src/ATen/native/Loss.cpp), ``masked_fill``
+# (``self.clone(at::MemoryFormat::Contiguous)``, then ``masked_fill_``), ``renorm`` (its structured
+# meta function gives no strides).
 _ALLOCATED_CONTIGUOUS: dict[Any, tuple[int, ...]] = {
     aten.mse_loss_backward.default: (0,), aten.huber_loss_backward.default: (0,),
     aten.smooth_l1_loss_backward.default: (0,),
+    aten.masked_fill.Scalar: (0,), aten.masked_fill.Tensor: (0,), aten.renorm.default: (0,),
 }
+
+# Kernels that allocate their result ``empty_like(self)`` in the preserved format (``flip``, and
+# the ``*_like`` factories without a ``memory_format``): on a real device a dense ``self`` keeps
+# its strides exactly, those of size-1 dims included; the meta kernel's ``empty_like`` (torch's
+# python reference) lays the result out densely again and recomputes them.
+_ALLOCATED_LIKE_SELF = frozenset({
+    aten.flip.default,
+    *(overload for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like,
+                              aten.randn_like, aten.randint_like)
+      for overload in (getattr(packet, name) for name in packet.overloads())),
+})
 
 
 @lru_cache(maxsize=None)
@@ -185,22 +201,22 @@ def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
 def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     """``result`` of an elementwise ``op`` restrided as TensorIterator lays it out; other ops' results
     are returned as they are."""
+    if op in _ALLOCATED_LIKE_SELF:
+        keeps_format = kwargs.get("memory_format") in (None, torch.preserve_format)
+        return kept_dense_strides(args[0], result) if keeps_format and isinstance(result, torch.Tensor) else result
+    if op in _ALLOCATED_CONTIGUOUS:
+        return _allocated_contiguous(op, result)
     operands = operands_of(op, args, kwargs)
     if not operands:
-        return _allocated_contiguous(op, result) if op in _ALLOCATED_CONTIGUOUS else result
+        return result
     outputs = result if isinstance(result, tuple) else (result,)
     if not all(isinstance(out, torch.Tensor) for out in outputs) or _symbolic(outputs, operands):
         return result
     shape = outputs[0].shape
     first = operands[0]
     of_complex = _OF_A_COMPLEX_TENSOR.get(op) if isinstance(first, torch.Tensor) and first.is_complex() else None
-    if of_complex == "the kernel's":
-        # the kernel allocates empty_like(self): a real device's keeps a dense input's strides as
-        # they are, those of size-1 dims included, where the meta kernel's recomputes them
-        if (is_non_overlapping_and_dense_or_false(first) and result.shape == first.shape
-                and result.stride() != first.stride()):
-            return result.new_empty_strided(result.shape, first.stride())
-        return result
+    if of_complex == "the kernel's":  # the kernel allocates empty_like(self)
+        return kept_dense_strides(first, result)
     if op in _CONTIGUOUS or of_complex == "contiguous":
         strides = make_contiguous_strides_for(shape)
     elif of_complex == "its real part's":
@@ -210,6 +226,15 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
                      else out.new_empty_strided(out.shape, strides) for out in outputs)
     return laid_out if isinstance(result, tuple) else laid_out[0]
+
+
+def kept_dense_strides(self: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """``result`` as a real device's ``empty_like(self)`` lays it out: a dense ``self``'s strides
+    exactly, where the meta kernel recomputed those of size-1 dims; any other result as it is."""
+    if (result.shape == self.shape and result.stride() != self.stride() and not _symbolic((result, self), [])
+            and is_non_overlapping_and_dense_or_false(self)):
+        return result.new_empty_strided(result.shape, self.stride())
+    return result
 
 
 def _cast_on_the_host(op: OpOverload, operands: list) -> list:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..aten.layout import kept_dense_strides
 from ..resolve.registry import rule
 from ..torch_compat import check
 from .reductions import wrap_dim
@@ -11,12 +12,15 @@ aten = torch.ops.aten
 
 
 def _sort_checking_dim(op, name: str):
-    """Corrects aten.sort's meta kernels, which accept any ``dim``: real kernels wrap it against the rank."""
+    """Corrects aten.sort's meta kernels, which accept any ``dim`` (real kernels wrap it against the
+    rank) and lay a dense ``self``'s results out anew: real kernels give values and indices
+    ``self``'s strides exactly, those of size-1 dims included."""
     def sort(self, *args, **kwargs):
         dim = kwargs.get("dim", args[1] if name == "sort.stable" and len(args) > 1 else
                          args[0] if name == "sort" and args else -1)
         wrap_dim(dim, self.dim())
-        return op(self, *args, **kwargs)
+        values, indices = op(self, *args, **kwargs)
+        return kept_dense_strides(self, values), kept_dense_strides(self, indices)
     sort.__name__ = sort.__qualname__ = f"{name.replace('.', '_')}_checking_dim"
     return rule(op)(sort)
 
