@@ -55,6 +55,27 @@ def blocks(mesh, **fully_shard_options) -> nn.Module:
     return fully_shard(model, mesh=mesh, **fully_shard_options)
 
 
+class ScaledHead(nn.Module):
+    """A root whose forward reads parameters itself: its own ``scale`` and its head's weight (in
+    the graph as ``get_attr`` nodes), around an FSDP block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = cases.MLP(dim=16, hidden=30)
+        self.head = nn.Linear(16, 10)
+        self.scale = nn.Parameter(torch.ones(10))
+
+    def forward(self, x):
+        return nn.functional.linear(self.block(x), self.head.weight) * self.scale
+
+
+def scaled_head(mesh) -> nn.Module:
+    torch.manual_seed(0)
+    model = ScaledHead()
+    fully_shard(model.block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def fsdp_over_tensor_parallel(mesh, hidden: int = 30) -> nn.Module:
     """`distributed_cases.fsdp_and_tensor_parallel` with ``hidden`` units: 30 split over tp in 15
     rows, which dp splits again unevenly (8 and 7) in strided shards."""

@@ -47,6 +47,19 @@ def test_blocks_and_root_layers_match_eager_uneven_shards_included(rank, train):
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_the_roots_parameters_read_by_the_graph_are_its_unsharded_ones(train):
+    """The root's forward reads its gathered parameters (``get_attr`` nodes) as FSDP registers them
+    while it runs: plain tensors, which meet the block's plain output."""
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        model = cases.scaled_head(mesh)
+        gm, counts = _check_against_eager(model, torch.randn(2, 16), train)
+    assert counts == {"all_gather_into_tensor": 2}
+    read = {str(node.target): node.meta["val"] for node in gm.graph.nodes if node.op == "get_attr"}
+    assert {name: (type(value).__name__, tuple(value.shape)) for name, value in read.items()} == \
+        {"head.weight": ("FakeTensor", (10, 16)), "scale": ("FakeTensor", (10,))}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("hidden", [32, 30], ids=["even", "uneven"])
 @pytest.mark.parametrize("rank", [0, 3])
 def test_fsdp_over_tensor_parallel_blocks_matches_eager(rank, hidden, train):

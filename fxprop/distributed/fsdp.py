@@ -138,7 +138,11 @@ class FsdpEmulation:
         placements = list(sharded.placements)
         placements[group.shard_dim] = Replicate()
         gathered = sharded.redistribute(sharded.device_mesh, placements)
-        return drop_dim(gathered, parameter.unsharded_mesh, group.shard_dim), sharded.dtype
+        unsharded = drop_dim(gathered, parameter.unsharded_mesh, group.shard_dim)
+        device = device_of(local_tensor_of(sharded))
+        if is_dtensor(unsharded):
+            tag(local_tensor_of(unsharded), device)
+        return tag(unsharded, device), sharded.dtype
 
     def release(self, group: FsdpGroup) -> None:
         gather = self.gathered.pop(id(group), None)
@@ -148,6 +152,7 @@ class FsdpEmulation:
             self.set_on_owners(parameter, self.view.tensor(parameter.sharded))
 
     def set_on_owners(self, parameter: FsdpParameter, value: Any) -> None:
+        self.view.registered[id(parameter.sharded)] = value  # the graph's own get_attr of it (a root's parameter)
         for owner, name in parameter.owners:
             own_state(self.view.shadow(owner))[0][name] = value
 
