@@ -964,6 +964,7 @@ class FsdpParameter(NamedTuple):
     owners: tuple  # each (module, name) FSDP registers it on (tied parameters have several)
     unsharded_mesh: Any  # the mesh of the unsharded parameter, a DTensor there (TP); None: a plain tensor
     padded_numel: int  # elements of the rank's shard, padded as FSDP pads it (its all-gather input)
+    origin: int  # FSDP's id of the parameter it sharded: one parameter managed by two groups has it twice
 
 
 class FsdpGroup(NamedTuple):
@@ -1023,7 +1024,7 @@ def _fsdp_group(group: Any) -> FsdpGroup:
         owners = ((info.module, info.param_name), *zip(info.shared_modules, info.shared_param_names))
         spec = fsdp_param._unsharded_dtensor_spec
         parameters.append(FsdpParameter(fsdp_param.sharded_param, owners, spec.mesh if spec is not None else None,
-                                        fsdp_param.padded_sharded_param_size.numel()))
+                                        fsdp_param.padded_sharded_param_size.numel(), fsdp_param._orig_param_uid))
     after = group.post_forward_mesh_info
     if after is None:
         reshard: bool | int = False

@@ -177,6 +177,26 @@ def test_reshard_after_forward_false_keeps_each_block_gathered():
     assert kept[-1][1] - resharded[-1][1] == sum(gather.unsharded_bytes for gather in blocks)
 
 
+@pytest.mark.parametrize("make,x,match", [
+    (cases.tied_across_groups, torch.randint(0, 10, (2, 5)), "shared with a parameter another FSDP group manages"),
+    (cases.grouped_without_root, torch.randn(2, 16), "requires a single root module"),
+    (cases.block_run_before_its_root, torch.randn(2, 16), "running forward through the root module first"),
+], ids=["tied_across_groups", "grouped_root", "block_initialized_first"])
+def test_what_fsdps_lazy_initialization_refuses_is_the_models_error(make, x, match):
+    """FSDP's root refuses these as its first forward begins; propagating refuses them too, as the
+    model's error of the same type, and leaves FSDP's states uninitialized as they were."""
+    with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
+        model = make(mesh)
+        fsdp_modules = [m for m in model.modules() if isinstance(m, torch.distributed.fsdp.FSDPModule)]
+        initialized = [fully_shard.state(m)._is_root for m in fsdp_modules]
+        with pytest.raises(fxprop.PropagationError, match=match) as refused:
+            fxprop.propagate(parallel.trace(model), x)
+        assert [fully_shard.state(m)._is_root for m in fsdp_modules] == initialized
+        with pytest.raises(Exception) as real:
+            model(x)
+    assert refused.value.refuses_like(real.value), real.value
+
+
 def test_reshard_after_forward_onto_a_smaller_mesh_is_refused():
     with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
         model = cases.blocks_and_root_layers(mesh, reshard_after_forward=2)

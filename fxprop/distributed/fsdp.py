@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..devices import device_of, tag
-from ..errors import UnsupportedError
+from ..errors import PropagationError, UnsupportedError
 from ..torch_compat import (FsdpGroup, FsdpParameter, FsdpState, forward_hook_dicts, fsdp_states, local_tensor_of,
                             own_state, pytree)
 from .dtensors import Collective, ParameterGather, collective_bytes, is_dtensor
@@ -56,14 +56,19 @@ class FsdpEmulation:
     def for_graph(cls, gm: torch.fx.GraphModule, view: Any, recorder: Any) -> FsdpEmulation | None:
         """The emulation of the FSDP states whose modules or parameters ``gm`` holds; None if none."""
         held = {id(module) for module in gm.modules()}
-        states = [state for state in fsdp_states() if any(id(module) in held for module in state.modules)
+        alive = fsdp_states()
+        states = [state for state in alive if any(id(module) in held for module in state.modules)
                   or any(id(owner) in held for group in state.groups for parameter in group.parameters
                          for owner, _ in parameter.owners) or _traced_from(gm, state)]
         if not states:
             return None
         for state in states:
             _check_supported(state)
-        return cls(states, held, view, recorder)
+        emulation = cls(states, held, view, recorder)
+        for state in states:
+            if id(state) in emulation.roots and state.is_root is None:
+                _check_lazy_init(state, alive)
+        return emulation
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -215,6 +220,32 @@ _MISSING = object()
 def _holds(outer: FsdpState, inner: FsdpState) -> bool:
     below = {id(module) for top in outer.modules for module in top.modules()}
     return any(id(module) in below for module in inner.modules)
+
+
+def _check_lazy_init(root: FsdpState, alive: list[FsdpState]) -> None:
+    """What FSDP's lazy initialization refuses as its root's forward begins, refused as the model's
+    error (real execution raises it there)."""
+    if len(root.modules) > 1:
+        raise PropagationError(f"fully_shard: FSDP requires a single root module, but the first FSDP module to run "
+                               f"is a grouped fully_shard of {len(root.modules)} modules "
+                               f"({', '.join(type(module).__name__ for module in root.modules)})",
+                               error_type=RuntimeError)
+    below = [state for state in alive if state is not root and _holds(root, state)]
+    for state in below:
+        if state.is_root is not None:
+            raise PropagationError(f"fully_shard: FSDP's state of {type(state.modules[0]).__name__} inside "
+                                   f"{type(root.modules[0]).__name__} is already lazily initialized (a forward "
+                                   "of it ran on its own): FSDP requires running forward through the root "
+                                   "module first", error_type=RuntimeError)
+    seen: set[int] = set()
+    for state in [root, *below]:
+        for parameter in (parameter for group in state.groups for parameter in group.parameters):
+            if parameter.origin in seen:
+                owner, name = parameter.owners[0]
+                raise PropagationError(f"fully_shard: parameter {name!r} of {type(owner).__name__} is shared with "
+                                       "a parameter another FSDP group manages (tied parameters belong in one "
+                                       "group: fully_shard([module_a, module_b]))", error_type=ValueError)
+            seen.add(parameter.origin)
 
 
 def _check_supported(state: FsdpState) -> None:
