@@ -115,6 +115,16 @@ def test_mixed_precision_gathers_in_param_dtype_as_fsdp_does(make, output_dtype)
     assert [g.collective.receive_bytes for g in gathers] == [nbytes * 3 // 4 for nbytes in real.nbytes]
 
 
+def test_the_estimate_holds_the_callers_inputs_beside_their_cast_to_param_dtype():
+    """FSDP's root pre-forward casts the float inputs to ``param_dtype``: the graph holds the cast,
+    and the caller still holds its own float32 input, as the real run's live storages show."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.blocks_and_root_layers(mesh, mp_policy=policy), x)
+        assert estimated == cases.real_live_bytes(cases.blocks_and_root_layers(mesh, mp_policy=policy), x)
+
+
 @pytest.mark.parametrize("make,fails_in", [(cases.blocks_and_root_layers, "_0"), (cases.blocks, "_0")],
                          ids=["failing_in_a_root_layer", "failing_in_a_gathered_block"])
 def test_propagate_leaves_the_model_and_fsdp_state_as_they_were_success_or_failure(make, fails_in):
