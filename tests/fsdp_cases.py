@@ -115,6 +115,20 @@ def block_run_before_its_root(mesh) -> nn.Module:
     return model
 
 
+def nested_three_levels(mesh) -> nn.Module:
+    """FSDP modules three deep under the root, in one node of its graph: the outer block holds a
+    layer and a middle block (kept gathered, ``reshard_after_forward=False``), which holds a layer
+    and an inner block (resharded as its forward ends, inside the outer block's node)."""
+    torch.manual_seed(0)
+    inner = cases.MLP(dim=16, hidden=30)
+    middle = nn.Sequential(nn.Linear(16, 16), inner)
+    model = nn.Sequential(nn.Sequential(nn.Linear(16, 16), middle), nn.Linear(16, 10))
+    fully_shard(inner, mesh=mesh)
+    fully_shard(middle, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model[0], mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def fsdp_over_tensor_parallel(mesh, hidden: int = 30) -> nn.Module:
     """`distributed_cases.fsdp_and_tensor_parallel` with ``hidden`` units: 30 split over tp in 15
     rows, which dp splits again unevenly (8 and 7) in strided shards."""

@@ -207,6 +207,22 @@ def test_what_fsdps_lazy_initialization_refuses_is_the_models_error(make, x, mat
     assert refused.value.refuses_like(real.value), real.value
 
 
+def test_a_block_resharded_inside_the_node_of_its_enclosing_block_is_not_live_after_it():
+    """The inner block's parameters are let go as its own forward ends, before the outer block's
+    node does; the middle block's, kept gathered, and the outer block's own are live after it."""
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        model = cases.nested_three_levels(mesh)
+        gm, counts = _check_against_eager(model, torch.randn(2, 16), False)
+        outer = next(n for n in gm.graph.nodes if n.target == "0").meta["fxprop_dtensor"]
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.nested_three_levels(mesh), x)
+        assert estimated == cases.real_live_bytes(cases.nested_three_levels(mesh), x)
+    assert counts == {"all_gather_into_tensor": 4}
+    assert [(g.module, g.resharded) for g in outer.gathers] == [("FSDPSequential", True), ("FSDPSequential", False),
+                                                                ("FSDPMLP", True)]
+    assert outer.released_within == outer.gathers[2:] and outer.released == outer.gathers[:1]
+
+
 def test_reshard_after_forward_onto_a_smaller_mesh_is_refused():
     with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
         model = cases.blocks_and_root_layers(mesh, reshard_after_forward=2)

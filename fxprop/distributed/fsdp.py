@@ -51,6 +51,7 @@ class FsdpEmulation:
         self.gathered: dict[int, ParameterGather | None] = {  # by group: its gather (None: gathered before)
             id(group): None for state in states for group in state.groups if group.unsharded}
         self.to_run: dict[int, set[int]] = {}  # a grouped fully_shard([a, b]): its modules yet to run
+        self.running = 0  # FSDP modules whose forward has begun and not ended (nested ones inside a node's)
 
     @classmethod
     def for_graph(cls, gm: torch.fx.GraphModule, view: Any, recorder: Any) -> FsdpEmulation | None:
@@ -101,16 +102,18 @@ class FsdpEmulation:
             self.to_run[id(state)] = {id(m) for m in state.modules}
         for group in state.groups:
             self.gather(group, state)
+        self.running += 1
         return args, kwargs
 
     def post_forward(self, state: FsdpState, module: nn.Module, shadow: nn.Module, args: Any, output: Any) -> Any:
+        self.running -= 1
         remaining = self.to_run.get(id(state))
         if remaining is not None:
             remaining.discard(id(module))
         if not remaining:  # a grouped state's forward ends with the last of its modules
             for group in state.groups:
                 if self.reshards(group, state):
-                    self.release(group)
+                    self.release(group, within=self.running > 0)
             if id(state) in self.roots:
                 self.recorder.frees_gather_buffer()
         return _cast_floating(output, state.output_dtype) if state.output_dtype is not None else output
@@ -149,10 +152,11 @@ class FsdpEmulation:
             tag(local_tensor_of(unsharded), device)
         return tag(unsharded, device), sharded.dtype
 
-    def release(self, group: FsdpGroup) -> None:
+    def release(self, group: FsdpGroup, within: bool = False) -> None:
+        """Reshard ``group``: after the node's module ran, or ``within`` it (a nested module's)."""
         gather = self.gathered.pop(id(group), None)
         if gather is not None:
-            self.recorder.released(gather)
+            self.recorder.released(gather, within)
         for parameter in group.parameters:
             self.set_on_owners(parameter, self.view.tensor(parameter.sharded))
 

@@ -160,6 +160,8 @@ class FsdpStorages:
         for gather in sharding.gathers if sharding is not None else ():
             self.unsharded[id(gather)] = gather
             self.buffer = (gather.device, gather.buffer_bytes)
+        for gather in sharding.released_within if sharding is not None else ():
+            self.unsharded.pop(id(gather), None)
         totals: dict[str, int] = {}
         for gather in self.unsharded.values():
             totals[gather.device] = totals.get(gather.device, 0) + gather.unsharded_bytes
