@@ -125,6 +125,18 @@ def test_the_estimate_holds_the_callers_inputs_beside_their_cast_to_param_dtype(
         assert estimated == cases.real_live_bytes(cases.blocks_and_root_layers(mesh, mp_policy=policy), x)
 
 
+@pytest.mark.parametrize("param_dtype,output_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_a_block_runs_with_its_cast_input_and_its_output_before_the_cast_to_output_dtype(param_dtype, output_dtype):
+    """A block's pre-forward casts its float32 input to ``param_dtype`` (a storage its forward
+    holds), and its post-forward reshards before casting its output to ``output_dtype``: the
+    bytes it ran with are its gathered parameters, its cast input and its output as it made it."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, output_dtype=output_dtype)
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.blocks(mesh, mp_policy=policy), x)
+        assert estimated == cases.real_live_bytes(cases.blocks(mesh, mp_policy=policy), x)
+
+
 @pytest.mark.parametrize("make,fails_in", [(cases.blocks_and_root_layers, "_0"), (cases.blocks, "_0")],
                          ids=["failing_in_a_root_layer", "failing_in_a_gathered_block"])
 def test_propagate_leaves_the_model_and_fsdp_state_as_they_were_success_or_failure(make, fails_in):

@@ -222,6 +222,9 @@ class NodeSharding:
         output go.
     released_within: the gathers FSDP let go while the node's module still ran (a nested FSDP
         module's, resharded as its own forward ended).
+    ran_with: the bytes the node's FSDP module ran with beyond the node's inputs and value: its
+        inputs cast to the policy's ``param_dtype``, and its output as it made it less the node's
+        value, which FSDP casts to ``output_dtype`` after resharding.
     """
     outputs: tuple = ()
     redistributions: list[Redistribution] = field(default_factory=list)
@@ -231,6 +234,7 @@ class NodeSharding:
     released: list[ParameterGather] = field(default_factory=list)
     frees_gather_buffer: bool = False
     released_within: list[ParameterGather] = field(default_factory=list)
+    ran_with: int = 0
 
     @property
     def gathered_parameter_bytes(self) -> int:
@@ -386,6 +390,10 @@ class ShardingRecorder:
     def released(self, gather: ParameterGather, within: bool = False) -> None:
         if self.node is not None:
             (self.node.released_within if within else self.node.released).append(gather)
+
+    def ran_with(self, nbytes: int) -> None:
+        if self.node is not None:
+            self.node.ran_with += nbytes
 
     def frees_gather_buffer(self) -> None:
         if self.node is not None:

@@ -33,7 +33,7 @@ from torch import nn
 from ..devices import device_of, tag
 from ..errors import PropagationError, UnsupportedError
 from ..torch_compat import (FsdpGroup, FsdpParameter, FsdpState, forward_hook_dicts, fsdp_states, local_tensor_of,
-                            own_state, pytree)
+                            own_state, pytree, storage_key)
 from .dtensors import Collective, ParameterGather, collective_bytes, is_dtensor
 from .parallel import drop_dim
 
@@ -97,7 +97,10 @@ class FsdpEmulation:
     def pre_forward(self, state: FsdpState, module: nn.Module, shadow: nn.Module, args: tuple,
                     kwargs: dict) -> tuple[tuple, dict]:
         if state.cast_forward_inputs and state.param_dtype is not None:
-            args, kwargs = _cast_floating((args, kwargs), state.param_dtype)
+            given = (args, kwargs)
+            args, kwargs = _cast_floating(given, state.param_dtype)
+            if not self.running:  # the node's own module runs with the casts beside its inputs
+                self.recorder.ran_with(_storage_bytes((given, args, kwargs)) - _storage_bytes(given))
         if len(state.modules) > 1 and not self.to_run.get(id(state)):
             self.to_run[id(state)] = {id(m) for m in state.modules}
         for group in state.groups:
@@ -116,7 +119,12 @@ class FsdpEmulation:
                     self.release(group, within=self.running > 0)
             if id(state) in self.roots:
                 self.recorder.frees_gather_buffer()
-        return _cast_floating(output, state.output_dtype) if state.output_dtype is not None else output
+        if state.output_dtype is None:
+            return output
+        cast = _cast_floating(output, state.output_dtype)
+        if not self.running:  # the node's own module ran with its output as it made it, not the cast
+            self.recorder.ran_with(_storage_bytes(output) - _storage_bytes(cast))
+        return cast
 
     def reshards(self, group: FsdpGroup, state: FsdpState) -> bool:
         if id(state) in self.roots and state.auto_reshard_after_forward:
@@ -274,6 +282,14 @@ def _check_supported(state: FsdpState) -> None:
 
 def _dim_name(mesh: Any, dim: int) -> Any:
     return mesh.mesh_dim_names[dim] if mesh.mesh_dim_names else dim
+
+
+def _storage_bytes(tree: Any) -> int:
+    """Bytes of the distinct local storages of the tensors in ``tree``."""
+    storages = {storage_key(local): local.untyped_storage().nbytes()
+                for local in (local_tensor_of(value) if is_dtensor(value) else value
+                              for value in pytree.tree_leaves(tree) if isinstance(value, torch.Tensor))}
+    return sum(storages.values())
 
 
 def _cast_floating(tree: Any, dtype: torch.dtype) -> Any:

@@ -124,6 +124,9 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
                 trace.storages[trace.keys_of[node][0]].device
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + gathered
         sharding = node.meta.get(META_KEY)
+        if sharding is not None and sharding.ran_with and trace.keys_of[node]:  # FSDP's casts of its module's inputs and output
+            device = trace.storages[trace.keys_of[node][0]].device
+            trace.live[node.name][device] = trace.live[node.name][device] + sharding.ran_with
         for device, nbytes in fsdp.during(sharding).items():
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + nbytes
         fsdp.after(sharding)
