@@ -973,6 +973,7 @@ class FsdpGroup(NamedTuple):
     shard_dim: int | None  # the mesh dim of the sharded parameters' mesh FSDP shards on (None: replicate)
     reshard_after_forward: bool | int  # True, False, or the world size of a smaller post-forward mesh
     unsharded: bool  # gathered now (a forward that kept it: a root's)
+    released: bool  # its process group is no longer the one registered under its name (its world was destroyed)
 
 
 class FsdpState(NamedTuple):
@@ -1032,7 +1033,18 @@ def _fsdp_group(group: Any) -> FsdpGroup:
         reshard = True
     else:
         reshard = after.shard_mesh_size
-    return FsdpGroup(tuple(parameters), group.mesh_info.shard_mesh_dim, reshard, group.is_unsharded)
+    return FsdpGroup(tuple(parameters), group.mesh_info.shard_mesh_dim, reshard, group.is_unsharded,
+                     _released(getattr(group.mesh_info, "shard_process_group", None)))
+
+
+def _released(process_group: Any) -> bool:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    if process_group is None:
+        return False
+    try:
+        return _resolve_process_group(process_group.group_name) is not process_group
+    except (RuntimeError, ValueError):
+        return True
 
 
 def forward_hook_dicts(module: torch.nn.Module) -> tuple[dict, dict]:

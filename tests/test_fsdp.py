@@ -235,6 +235,20 @@ def test_a_block_resharded_inside_the_node_of_its_enclosing_block_is_not_live_af
     assert outer.released_within == outer.gathers[2:] and outer.released == outer.gathers[:1]
 
 
+def test_a_model_sharded_on_a_released_simulated_mesh_is_refused_as_bad_input():
+    """Once its simulated world is released (or replaced by another), the mesh's process groups are
+    gone: the model's error it is not, and the refusal comes before any node."""
+    with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
+        model = cases.blocks_and_root_layers(mesh)
+        gm = parallel.trace(model)
+    with pytest.raises(fxprop.InputError, match="process group was destroyed"):
+        fxprop.propagate(gm, torch.randn(2, 16))
+    with fxprop.mesh_simulation((4,), device_type="cpu"), \
+            pytest.raises(fxprop.InputError, match="process group was destroyed"):
+        fxprop.propagate(gm, torch.randn(2, 16))
+    assert not any("val" in node.meta for node in gm.graph.nodes)
+
+
 def test_reshard_after_forward_onto_a_smaller_mesh_is_refused():
     with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
         model = cases.blocks_and_root_layers(mesh, reshard_after_forward=2)

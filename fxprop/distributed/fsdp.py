@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..devices import device_of, tag
-from ..errors import PropagationError, UnsupportedError
+from ..errors import InputError, PropagationError, UnsupportedError
 from ..torch_compat import (FsdpGroup, FsdpParameter, FsdpState, forward_hook_dicts, fsdp_states, local_tensor_of,
                             own_state, pytree, storage_key)
 from .dtensors import Collective, ParameterGather, collective_bytes, is_dtensor
@@ -266,6 +266,9 @@ def _check_supported(state: FsdpState) -> None:
         raise UnsupportedError(f"fully_shard of {name} with dp_mesh_dims (FSDP on dims of a full SPMD mesh) is not "
                                "emulated")
     for group in state.groups:
+        if group.released:
+            raise InputError(f"fully_shard of {name}: its mesh's process group was destroyed (the simulated mesh it "
+                             "was sharded on was released); propagate inside the mesh_simulation that made it")
         if group.shard_dim is None:
             raise UnsupportedError(f"{name}: a data-parallel state that does not shard its parameters (replicate) "
                                    "is not emulated")
