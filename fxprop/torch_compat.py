@@ -964,6 +964,7 @@ class FsdpParameter(NamedTuple):
     owners: tuple  # each (module, name) FSDP registers it on (tied parameters have several)
     unsharded_mesh: Any  # the mesh of the unsharded parameter, a DTensor there (TP); None: a plain tensor
     padded_numel: int  # elements of the rank's shard, padded as FSDP pads it (its all-gather input)
+    origin: int  # FSDP's id of the parameter it sharded: one parameter managed by two groups has it twice
 
 
 class FsdpGroup(NamedTuple):
@@ -972,6 +973,7 @@ class FsdpGroup(NamedTuple):
     shard_dim: int | None  # the mesh dim of the sharded parameters' mesh FSDP shards on (None: replicate)
     reshard_after_forward: bool | int  # True, False, or the world size of a smaller post-forward mesh
     unsharded: bool  # gathered now (a forward that kept it: a root's)
+    released: bool  # its process group is no longer the one registered under its name (its world was destroyed)
 
 
 class FsdpState(NamedTuple):
@@ -1023,7 +1025,7 @@ def _fsdp_group(group: Any) -> FsdpGroup:
         owners = ((info.module, info.param_name), *zip(info.shared_modules, info.shared_param_names))
         spec = fsdp_param._unsharded_dtensor_spec
         parameters.append(FsdpParameter(fsdp_param.sharded_param, owners, spec.mesh if spec is not None else None,
-                                        fsdp_param.padded_sharded_param_size.numel()))
+                                        fsdp_param.padded_sharded_param_size.numel(), fsdp_param._orig_param_uid))
     after = group.post_forward_mesh_info
     if after is None:
         reshard: bool | int = False
@@ -1031,7 +1033,18 @@ def _fsdp_group(group: Any) -> FsdpGroup:
         reshard = True
     else:
         reshard = after.shard_mesh_size
-    return FsdpGroup(tuple(parameters), group.mesh_info.shard_mesh_dim, reshard, group.is_unsharded)
+    return FsdpGroup(tuple(parameters), group.mesh_info.shard_mesh_dim, reshard, group.is_unsharded,
+                     _released(getattr(group.mesh_info, "shard_process_group", None)))
+
+
+def _released(process_group: Any) -> bool:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    if process_group is None:
+        return False
+    try:
+        return _resolve_process_group(process_group.group_name) is not process_group
+    except (RuntimeError, ValueError):
+        return True
 
 
 def forward_hook_dicts(module: torch.nn.Module) -> tuple[dict, dict]:

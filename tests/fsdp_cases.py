@@ -55,6 +55,80 @@ def blocks(mesh, **fully_shard_options) -> nn.Module:
     return fully_shard(model, mesh=mesh, **fully_shard_options)
 
 
+class ScaledHead(nn.Module):
+    """A root whose forward reads parameters itself: its own ``scale`` and its head's weight (in
+    the graph as ``get_attr`` nodes), around an FSDP block."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = cases.MLP(dim=16, hidden=30)
+        self.head = nn.Linear(16, 10)
+        self.scale = nn.Parameter(torch.ones(10))
+
+    def forward(self, x):
+        return nn.functional.linear(self.block(x), self.head.weight) * self.scale
+
+
+def scaled_head(mesh) -> nn.Module:
+    torch.manual_seed(0)
+    model = ScaledHead()
+    fully_shard(model.block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+class TiedEmbedding(nn.Module):
+    """An embedding whose weight is its head's, around a block."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 16)
+        self.block = cases.MLP(dim=16, hidden=30)
+        self.head = nn.Linear(16, 10, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        return self.head(self.block(self.embedding(tokens)))
+
+
+def tied_across_groups(mesh) -> nn.Module:
+    """The tied weight managed twice: by the embedding's own group and by the root's (the head's)."""
+    torch.manual_seed(0)
+    model = TiedEmbedding()
+    fully_shard(model.embedding, mesh=mesh)
+    fully_shard(model.block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def grouped_without_root(mesh) -> nn.Module:
+    """Two blocks in one group and no root `fully_shard`: the group is the first FSDP state to run."""
+    torch.manual_seed(0)
+    model = nn.Sequential(cases.MLP(dim=16, hidden=30), cases.MLP(dim=16, hidden=30))
+    fully_shard([model[0], model[1]], mesh=mesh)
+    return model
+
+
+def block_run_before_its_root(mesh) -> nn.Module:
+    """`blocks` after a forward of its first block alone, which made that block a root."""
+    model = blocks(mesh)
+    with torch.no_grad():
+        model[0](torch.randn(2, 16))
+    return model
+
+
+def nested_three_levels(mesh) -> nn.Module:
+    """FSDP modules three deep under the root, in one node of its graph: the outer block holds a
+    layer and a middle block (kept gathered, ``reshard_after_forward=False``), which holds a layer
+    and an inner block (resharded as its forward ends, inside the outer block's node)."""
+    torch.manual_seed(0)
+    inner = cases.MLP(dim=16, hidden=30)
+    middle = nn.Sequential(nn.Linear(16, 16), inner)
+    model = nn.Sequential(nn.Sequential(nn.Linear(16, 16), middle), nn.Linear(16, 10))
+    fully_shard(inner, mesh=mesh)
+    fully_shard(middle, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model[0], mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def fsdp_over_tensor_parallel(mesh, hidden: int = 30) -> nn.Module:
     """`distributed_cases.fsdp_and_tensor_parallel` with ``hidden`` units: 30 split over tp in 15
     rows, which dp splits again unevenly (8 and 7) in strided shards."""

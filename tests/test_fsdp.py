@@ -47,6 +47,19 @@ def test_blocks_and_root_layers_match_eager_uneven_shards_included(rank, train):
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_the_roots_parameters_read_by_the_graph_are_its_unsharded_ones(train):
+    """The root's forward reads its gathered parameters (``get_attr`` nodes) as FSDP registers them
+    while it runs: plain tensors, which meet the block's plain output."""
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        model = cases.scaled_head(mesh)
+        gm, counts = _check_against_eager(model, torch.randn(2, 16), train)
+    assert counts == {"all_gather_into_tensor": 2}
+    read = {str(node.target): node.meta["val"] for node in gm.graph.nodes if node.op == "get_attr"}
+    assert {name: (type(value).__name__, tuple(value.shape)) for name, value in read.items()} == \
+        {"head.weight": ("FakeTensor", (10, 16)), "scale": ("FakeTensor", (10,))}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("hidden", [32, 30], ids=["even", "uneven"])
 @pytest.mark.parametrize("rank", [0, 3])
 def test_fsdp_over_tensor_parallel_blocks_matches_eager(rank, hidden, train):
@@ -100,6 +113,28 @@ def test_mixed_precision_gathers_in_param_dtype_as_fsdp_does(make, output_dtype)
         {output_dtype or torch.bfloat16}
     assert [g.buffer_bytes for g in gathers] == real.nbytes
     assert [g.collective.receive_bytes for g in gathers] == [nbytes * 3 // 4 for nbytes in real.nbytes]
+
+
+def test_the_estimate_holds_the_callers_inputs_beside_their_cast_to_param_dtype():
+    """FSDP's root pre-forward casts the float inputs to ``param_dtype``: the graph holds the cast,
+    and the caller still holds its own float32 input, as the real run's live storages show."""
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.blocks_and_root_layers(mesh, mp_policy=policy), x)
+        assert estimated == cases.real_live_bytes(cases.blocks_and_root_layers(mesh, mp_policy=policy), x)
+
+
+@pytest.mark.parametrize("param_dtype,output_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16)])
+def test_a_block_runs_with_its_cast_input_and_its_output_before_the_cast_to_output_dtype(param_dtype, output_dtype):
+    """A block's pre-forward casts its float32 input to ``param_dtype`` (a storage its forward
+    holds), and its post-forward reshards before casting its output to ``output_dtype``: the
+    bytes it ran with are its gathered parameters, its cast input and its output as it made it."""
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, output_dtype=output_dtype)
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.blocks(mesh, mp_policy=policy), x)
+        assert estimated == cases.real_live_bytes(cases.blocks(mesh, mp_policy=policy), x)
 
 
 @pytest.mark.parametrize("make,fails_in", [(cases.blocks_and_root_layers, "_0"), (cases.blocks, "_0")],
@@ -162,6 +197,56 @@ def test_reshard_after_forward_false_keeps_each_block_gathered():
         resharded = cases.estimated_live_bytes(cases.blocks_and_root_layers(mesh), torch.randn(2, 16))
     assert not any(gather.resharded for gather in blocks)
     assert kept[-1][1] - resharded[-1][1] == sum(gather.unsharded_bytes for gather in blocks)
+
+
+@pytest.mark.parametrize("make,x,match", [
+    (cases.tied_across_groups, torch.randint(0, 10, (2, 5)), "shared with a parameter another FSDP group manages"),
+    (cases.grouped_without_root, torch.randn(2, 16), "requires a single root module"),
+    (cases.block_run_before_its_root, torch.randn(2, 16), "running forward through the root module first"),
+], ids=["tied_across_groups", "grouped_root", "block_initialized_first"])
+def test_what_fsdps_lazy_initialization_refuses_is_the_models_error(make, x, match):
+    """FSDP's root refuses these as its first forward begins; propagating refuses them too, as the
+    model's error of the same type, and leaves FSDP's states uninitialized as they were."""
+    with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
+        model = make(mesh)
+        fsdp_modules = [m for m in model.modules() if isinstance(m, torch.distributed.fsdp.FSDPModule)]
+        initialized = [fully_shard.state(m)._is_root for m in fsdp_modules]
+        with pytest.raises(fxprop.PropagationError, match=match) as refused:
+            fxprop.propagate(parallel.trace(model), x)
+        assert [fully_shard.state(m)._is_root for m in fsdp_modules] == initialized
+        with pytest.raises(Exception) as real:
+            model(x)
+    assert refused.value.refuses_like(real.value), real.value
+
+
+def test_a_block_resharded_inside_the_node_of_its_enclosing_block_is_not_live_after_it():
+    """The inner block's parameters are let go as its own forward ends, before the outer block's
+    node does; the middle block's, kept gathered, and the outer block's own are live after it."""
+    with fxprop.mesh_simulation((4,), device_type="cpu", rank=3) as mesh:
+        model = cases.nested_three_levels(mesh)
+        gm, counts = _check_against_eager(model, torch.randn(2, 16), False)
+        outer = next(n for n in gm.graph.nodes if n.target == "0").meta["fxprop_dtensor"]
+        x = torch.randn(2, 16)
+        estimated = cases.estimated_live_bytes(cases.nested_three_levels(mesh), x)
+        assert estimated == cases.real_live_bytes(cases.nested_three_levels(mesh), x)
+    assert counts == {"all_gather_into_tensor": 4}
+    assert [(g.module, g.resharded) for g in outer.gathers] == [("FSDPSequential", True), ("FSDPSequential", False),
+                                                                ("FSDPMLP", True)]
+    assert outer.released_within == outer.gathers[2:] and outer.released == outer.gathers[:1]
+
+
+def test_a_model_sharded_on_a_released_simulated_mesh_is_refused_as_bad_input():
+    """Once its simulated world is released (or replaced by another), the mesh's process groups are
+    gone: the model's error it is not, and the refusal comes before any node."""
+    with fxprop.mesh_simulation((4,), device_type="cpu") as mesh:
+        model = cases.blocks_and_root_layers(mesh)
+        gm = parallel.trace(model)
+    with pytest.raises(fxprop.InputError, match="process group was destroyed"):
+        fxprop.propagate(gm, torch.randn(2, 16))
+    with fxprop.mesh_simulation((4,), device_type="cpu"), \
+            pytest.raises(fxprop.InputError, match="process group was destroyed"):
+        fxprop.propagate(gm, torch.randn(2, 16))
+    assert not any("val" in node.meta for node in gm.graph.nodes)
 
 
 def test_reshard_after_forward_onto_a_smaller_mesh_is_refused():

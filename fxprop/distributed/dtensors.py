@@ -220,6 +220,11 @@ class NodeSharding:
     released: the gathers whose parameters FSDP let go after the node's module ran (resharded).
     frees_gather_buffer: the node ends an FSDP root's forward, which lets FSDP's last all-gather
         output go.
+    released_within: the gathers FSDP let go while the node's module still ran (a nested FSDP
+        module's, resharded as its own forward ended).
+    ran_with: the bytes the node's FSDP module ran with beyond the node's inputs and value: its
+        inputs cast to the policy's ``param_dtype``, and its output as it made it less the node's
+        value, which FSDP casts to ``output_dtype`` after resharding.
     """
     outputs: tuple = ()
     redistributions: list[Redistribution] = field(default_factory=list)
@@ -228,6 +233,8 @@ class NodeSharding:
     gathers: list[ParameterGather] = field(default_factory=list)
     released: list[ParameterGather] = field(default_factory=list)
     frees_gather_buffer: bool = False
+    released_within: list[ParameterGather] = field(default_factory=list)
+    ran_with: int = 0
 
     @property
     def gathered_parameter_bytes(self) -> int:
@@ -380,9 +387,13 @@ class ShardingRecorder:
         if gather.collective is not None:
             self.node.collectives.append(gather.collective)
 
-    def released(self, gather: ParameterGather) -> None:
+    def released(self, gather: ParameterGather, within: bool = False) -> None:
         if self.node is not None:
-            self.node.released.append(gather)
+            (self.node.released_within if within else self.node.released).append(gather)
+
+    def ran_with(self, nbytes: int) -> None:
+        if self.node is not None:
+            self.node.ran_with += nbytes
 
     def frees_gather_buffer(self) -> None:
         if self.node is not None:
@@ -409,10 +420,11 @@ def before(first: NodeSharding, then: NodeSharding | None, value: Any) -> NodeSh
     own record, as one record of that node."""
     if then is None:
         return NodeSharding(outputs_of(value), first.redistributions, first.collectives, first.flops, first.gathers,
-                            first.released, first.frees_gather_buffer)
+                            first.released, first.frees_gather_buffer, first.released_within)
     return NodeSharding(then.outputs, first.redistributions + then.redistributions,
                         first.collectives + then.collectives, first.flops + then.flops, first.gathers + then.gathers,
-                        first.released + then.released, first.frees_gather_buffer or then.frees_gather_buffer)
+                        first.released + then.released, first.frees_gather_buffer or then.frees_gather_buffer,
+                        first.released_within + then.released_within)
 
 
 def _sharding(value: Any) -> Sharding:

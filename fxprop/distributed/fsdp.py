@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from ..devices import device_of, tag
-from ..errors import UnsupportedError
+from ..errors import InputError, PropagationError, UnsupportedError
 from ..torch_compat import (FsdpGroup, FsdpParameter, FsdpState, forward_hook_dicts, fsdp_states, local_tensor_of,
-                            own_state, pytree)
+                            own_state, pytree, storage_key)
 from .dtensors import Collective, ParameterGather, collective_bytes, is_dtensor
 from .parallel import drop_dim
 
@@ -51,19 +51,25 @@ class FsdpEmulation:
         self.gathered: dict[int, ParameterGather | None] = {  # by group: its gather (None: gathered before)
             id(group): None for state in states for group in state.groups if group.unsharded}
         self.to_run: dict[int, set[int]] = {}  # a grouped fully_shard([a, b]): its modules yet to run
+        self.running = 0  # FSDP modules whose forward has begun and not ended (nested ones inside a node's)
 
     @classmethod
     def for_graph(cls, gm: torch.fx.GraphModule, view: Any, recorder: Any) -> FsdpEmulation | None:
         """The emulation of the FSDP states whose modules or parameters ``gm`` holds; None if none."""
         held = {id(module) for module in gm.modules()}
-        states = [state for state in fsdp_states() if any(id(module) in held for module in state.modules)
+        alive = fsdp_states()
+        states = [state for state in alive if any(id(module) in held for module in state.modules)
                   or any(id(owner) in held for group in state.groups for parameter in group.parameters
                          for owner, _ in parameter.owners) or _traced_from(gm, state)]
         if not states:
             return None
         for state in states:
             _check_supported(state)
-        return cls(states, held, view, recorder)
+        emulation = cls(states, held, view, recorder)
+        for state in states:
+            if id(state) in emulation.roots and state.is_root is None:
+                _check_lazy_init(state, alive)
+        return emulation
 
     # --- hooks -------------------------------------------------------------------------------
 
@@ -91,24 +97,34 @@ class FsdpEmulation:
     def pre_forward(self, state: FsdpState, module: nn.Module, shadow: nn.Module, args: tuple,
                     kwargs: dict) -> tuple[tuple, dict]:
         if state.cast_forward_inputs and state.param_dtype is not None:
-            args, kwargs = _cast_floating((args, kwargs), state.param_dtype)
+            given = (args, kwargs)
+            args, kwargs = _cast_floating(given, state.param_dtype)
+            if not self.running:  # the node's own module runs with the casts beside its inputs
+                self.recorder.ran_with(_storage_bytes((given, args, kwargs)) - _storage_bytes(given))
         if len(state.modules) > 1 and not self.to_run.get(id(state)):
             self.to_run[id(state)] = {id(m) for m in state.modules}
         for group in state.groups:
             self.gather(group, state)
+        self.running += 1
         return args, kwargs
 
     def post_forward(self, state: FsdpState, module: nn.Module, shadow: nn.Module, args: Any, output: Any) -> Any:
+        self.running -= 1
         remaining = self.to_run.get(id(state))
         if remaining is not None:
             remaining.discard(id(module))
         if not remaining:  # a grouped state's forward ends with the last of its modules
             for group in state.groups:
                 if self.reshards(group, state):
-                    self.release(group)
+                    self.release(group, within=self.running > 0)
             if id(state) in self.roots:
                 self.recorder.frees_gather_buffer()
-        return _cast_floating(output, state.output_dtype) if state.output_dtype is not None else output
+        if state.output_dtype is None:
+            return output
+        cast = _cast_floating(output, state.output_dtype)
+        if not self.running:  # the node's own module ran with its output as it made it, not the cast
+            self.recorder.ran_with(_storage_bytes(output) - _storage_bytes(cast))
+        return cast
 
     def reshards(self, group: FsdpGroup, state: FsdpState) -> bool:
         if id(state) in self.roots and state.auto_reshard_after_forward:
@@ -138,16 +154,22 @@ class FsdpEmulation:
         placements = list(sharded.placements)
         placements[group.shard_dim] = Replicate()
         gathered = sharded.redistribute(sharded.device_mesh, placements)
-        return drop_dim(gathered, parameter.unsharded_mesh, group.shard_dim), sharded.dtype
+        unsharded = drop_dim(gathered, parameter.unsharded_mesh, group.shard_dim)
+        device = device_of(local_tensor_of(sharded))
+        if is_dtensor(unsharded):
+            tag(local_tensor_of(unsharded), device)
+        return tag(unsharded, device), sharded.dtype
 
-    def release(self, group: FsdpGroup) -> None:
+    def release(self, group: FsdpGroup, within: bool = False) -> None:
+        """Reshard ``group``: after the node's module ran, or ``within`` it (a nested module's)."""
         gather = self.gathered.pop(id(group), None)
         if gather is not None:
-            self.recorder.released(gather)
+            self.recorder.released(gather, within)
         for parameter in group.parameters:
             self.set_on_owners(parameter, self.view.tensor(parameter.sharded))
 
     def set_on_owners(self, parameter: FsdpParameter, value: Any) -> None:
+        self.view.registered[id(parameter.sharded)] = value  # the graph's own get_attr of it (a root's parameter)
         for owner, name in parameter.owners:
             own_state(self.view.shadow(owner))[0][name] = value
 
@@ -212,12 +234,41 @@ def _holds(outer: FsdpState, inner: FsdpState) -> bool:
     return any(id(module) in below for module in inner.modules)
 
 
+def _check_lazy_init(root: FsdpState, alive: list[FsdpState]) -> None:
+    """What FSDP's lazy initialization refuses as its root's forward begins, refused as the model's
+    error (real execution raises it there)."""
+    if len(root.modules) > 1:
+        raise PropagationError(f"fully_shard: FSDP requires a single root module, but the first FSDP module to run "
+                               f"is a grouped fully_shard of {len(root.modules)} modules "
+                               f"({', '.join(type(module).__name__ for module in root.modules)})",
+                               error_type=RuntimeError)
+    below = [state for state in alive if state is not root and _holds(root, state)]
+    for state in below:
+        if state.is_root is not None:
+            raise PropagationError(f"fully_shard: FSDP's state of {type(state.modules[0]).__name__} inside "
+                                   f"{type(root.modules[0]).__name__} is already lazily initialized (a forward "
+                                   "of it ran on its own): FSDP requires running forward through the root "
+                                   "module first", error_type=RuntimeError)
+    seen: set[int] = set()
+    for state in [root, *below]:
+        for parameter in (parameter for group in state.groups for parameter in group.parameters):
+            if parameter.origin in seen:
+                owner, name = parameter.owners[0]
+                raise PropagationError(f"fully_shard: parameter {name!r} of {type(owner).__name__} is shared with "
+                                       "a parameter another FSDP group manages (tied parameters belong in one "
+                                       "group: fully_shard([module_a, module_b]))", error_type=ValueError)
+            seen.add(parameter.origin)
+
+
 def _check_supported(state: FsdpState) -> None:
     name = type(state.modules[0]).__name__
     if state.spmd_mesh:
         raise UnsupportedError(f"fully_shard of {name} with dp_mesh_dims (FSDP on dims of a full SPMD mesh) is not "
                                "emulated")
     for group in state.groups:
+        if group.released:
+            raise InputError(f"fully_shard of {name}: its mesh's process group was destroyed (the simulated mesh it "
+                             "was sharded on was released); propagate inside the mesh_simulation that made it")
         if group.shard_dim is None:
             raise UnsupportedError(f"{name}: a data-parallel state that does not shard its parameters (replicate) "
                                    "is not emulated")
@@ -234,6 +285,14 @@ def _check_supported(state: FsdpState) -> None:
 
 def _dim_name(mesh: Any, dim: int) -> Any:
     return mesh.mesh_dim_names[dim] if mesh.mesh_dim_names else dim
+
+
+def _storage_bytes(tree: Any) -> int:
+    """Bytes of the distinct local storages of the tensors in ``tree``."""
+    storages = {storage_key(local): local.untyped_storage().nbytes()
+                for local in (local_tensor_of(value) if is_dtensor(value) else value
+                              for value in pytree.tree_leaves(tree) if isinstance(value, torch.Tensor))}
+    return sum(storages.values())
 
 
 def _cast_floating(tree: Any, dtype: torch.dtype) -> Any:

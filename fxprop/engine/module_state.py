@@ -51,6 +51,7 @@ class StateView:
         self._versions_made: dict[int, int] = {}
         self._keepalive: list[Any] = []
         self.adjust_shadow: Callable[[nn.Module, nn.Module], None] | None = None  # FSDP's hooks, emulated
+        self.registered: dict[int, torch.Tensor] = {}  # by a parameter's id: what FSDP's emulation registers in its place
 
     def device_of_state(self, tensor: torch.Tensor) -> torch.device:
         if tensor.device.type == "meta" and self.param_device is not None:
@@ -89,8 +90,11 @@ class StateView:
         return self._versions_made.get(id(meta)) == version_counter(meta)
 
     def value(self, value: Any) -> Any:
+        """The stand-in of a module attribute the graph reads (``get_attr``): a parameter FSDP has
+        unsharded reads as the unsharded one, as the module's attribute does while it is gathered."""
         if isinstance(value, torch.Tensor):
-            return self.tensor(value)
+            registered = self.registered.get(id(value))
+            return registered if registered is not None else self.tensor(value)
         if isinstance(value, nn.Module):
             return self.shadow(value)
         return self._detached(value)  # a container (a list attribute the graph appends to): this call's copy

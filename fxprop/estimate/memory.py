@@ -4,7 +4,8 @@ The model (what `torch.fx.Interpreter(gm, garbage_collect_values=True)` keeps al
 
 - the storages of placeholders (the caller holds them), of ``get_attr`` tensors and of the
   parameters and buffers of every called module (the module holds them) are live from the
-  start and never die: they are *resident*;
+  start and never die: they are *resident* (an input FSDP's root cast to another dtype, both
+  the cast and the caller's own);
 - a node's outputs that are new storages (not views or aliases of a live one) become live
   when it runs;
 - a value dies after its last user has run, unless it is a graph output or has no user at all
@@ -123,6 +124,9 @@ def trace_memory(gm: torch.fx.GraphModule, number: Callable[[Any], Any], param_d
                 trace.storages[trace.keys_of[node][0]].device
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + gathered
         sharding = node.meta.get(META_KEY)
+        if sharding is not None and sharding.ran_with and trace.keys_of[node]:  # FSDP's casts of its module's inputs and output
+            device = trace.storages[trace.keys_of[node][0]].device
+            trace.live[node.name][device] = trace.live[node.name][device] + sharding.ran_with
         for device, nbytes in fsdp.during(sharding).items():
             trace.live[node.name][device] = trace.live[node.name].get(device, 0) + nbytes
         fsdp.after(sharding)
@@ -159,6 +163,8 @@ class FsdpStorages:
         for gather in sharding.gathers if sharding is not None else ():
             self.unsharded[id(gather)] = gather
             self.buffer = (gather.device, gather.buffer_bytes)
+        for gather in sharding.released_within if sharding is not None else ():
+            self.unsharded.pop(id(gather), None)
         totals: dict[str, int] = {}
         for gather in self.unsharded.values():
             totals[gather.device] = totals.get(gather.device, 0) + gather.unsharded_bytes
@@ -257,7 +263,11 @@ def _resident(gm: torch.fx.GraphModule, trace: MemoryTrace, number: Callable[[An
         for tensor in tensors_in(node.meta.get("val")):
             key = storage_key(tensor)
             size = tensor.untyped_storage().nbytes
-            if isinstance(real, torch.Tensor) and len(tensors_in(node.meta.get("val"))) == 1:
+            if isinstance(real, torch.Tensor) and len(tensors_in(node.meta.get("val"))) == 1 and real.dtype != tensor.dtype:
+                # FSDP's root cast the input (mixed precision): the graph holds the cast, its caller its own
+                _add_resident(trace, trace.input_bytes, ("input", storage_key(real)), str(tensor.device),
+                              _input_storage_size(local_of(real), real), number)
+            elif isinstance(real, torch.Tensor) and len(tensors_in(node.meta.get("val"))) == 1:
                 if _holds_memory(real):
                     aliases[key] = key = ("input", storage_key(real))  # two inputs viewing one storage count once
                 size = _input_storage_size(tensor, real)
