@@ -373,6 +373,17 @@ ALLOCATED_LIKE_SELF_OR_CONTIGUOUS = {
     "renorm": lambda t: torch.renorm(t.float(), 2, 0, 1.0),
     "polar": lambda t: torch.polar(t.float(), t.float()),
     "complex": lambda t: torch.complex(t.float(), t.float()),
+    "nan_to_num": lambda t: torch.nan_to_num(t.double()),
+    "frexp": lambda t: torch.frexp(t.float()),
+    "deg2rad": lambda t: torch.deg2rad(t.float()),
+    "hardtanh": lambda t: F.hardtanh(t.float()),
+    "relu6": lambda t: F.relu6(t.float()),
+    "hardswish": lambda t: F.hardswish(t.float()),
+    "zero": lambda t: torch.ops.aten.zero.default(t),
+    "exponential": lambda t: torch.ops.aten.exponential.default(t.float()),
+    "uniform": lambda t: torch.ops.aten.uniform.default(t.float()),
+    "log_sigmoid_forward": lambda t: torch.ops.aten.log_sigmoid_forward.default(t.float()),
+    "normal of a tensor mean": lambda t: torch.normal(t.float(), 1.0),
 }
 
 
@@ -384,8 +395,9 @@ def test_kernels_that_allocate_like_self_or_contiguous_lay_out_as_the_cpu_does(m
     strides 2 on the CPU (its kernel allocates ``self``'s strides where ``self`` is dense), so a
     following ``view(torch.float32)`` is refused; the meta kernel's ``empty_like`` recomputes the
     strides of size-1 dims. Kernels that allocate ``empty_like(self)`` keep them (flip, the
-    ``*_like`` factories); ``masked_fill`` and ``renorm`` allocate contiguous; ``polar`` and
-    ``complex`` are TensorIterator ops."""
+    ``*_like`` factories, ``nan_to_num``, ``frexp``, the ops that call another with a number into
+    such a result, the functional random fills); ``masked_fill``, ``renorm``, ``log_sigmoid_forward``
+    and ``normal`` allocate contiguous; ``polar``, ``complex`` and ``hardswish`` are TensorIterator ops."""
     shape, stride = layout
     x = torch.empty_strided(shape, stride, dtype=torch.int64).random_(0, 5)
 

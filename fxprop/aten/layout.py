@@ -47,7 +47,8 @@ _WITH_A_NUMBER = {aten.deg2rad.default, aten.rad2deg.default, aten.hardtanh.defa
 
 
 # TensorIterator ops that torch does not tag pointwise.
-_ELEMENTWISE_UNTAGGED = {aten.floor_divide.default, aten.floor_divide.Scalar, aten.true_divide.Scalar}
+_ELEMENTWISE_UNTAGGED = {aten.floor_divide.default, aten.floor_divide.Scalar, aten.true_divide.Scalar,
+                         aten.hardswish.default}
 
 # Kernels that build a TensorIterator over these operands, in this order, whether or not torch
 # tags them pointwise (``polar``, ``complex``, and the activations' backward structured kernels in aten/src/ATen/native/Activation.cpp:
@@ -75,17 +76,22 @@ _ALLOCATED_CONTIGUOUS: dict[Any, tuple[int, ...]] = {
     aten.mse_loss_backward.default: (0,), aten.huber_loss_backward.default: (0,),
     aten.smooth_l1_loss_backward.default: (0,),
     aten.masked_fill.Scalar: (0,), aten.masked_fill.Tensor: (0,), aten.renorm.default: (0,),
+    aten.log_sigmoid_forward.default: (0, 1), aten.normal.Tensor_float: (0,), aten.normal.float_Tensor: (0,),
 }
 
-# Kernels that allocate their result ``empty_like(self)`` in the preserved format (``flip``, and
-# the ``*_like`` factories without a ``memory_format``): on a real device a dense ``self`` keeps
-# its strides exactly, those of size-1 dims included; the meta kernel's ``empty_like`` (torch's
-# python reference) lays the result out densely again and recomputes them.
+# Kernels that allocate their results ``empty_like(self)`` in the preserved format before writing
+# into them (``flip``, ``nan_to_num``, ``frexp``, the ``*_like`` factories without a
+# ``memory_format``, ops that call another with a number into such a result, the functional forms
+# of the in-place random fills and ``zero``, which clone ``self``): on a real device a dense
+# ``self`` keeps its strides exactly, those of size-1 dims included; the meta kernel's
+# ``empty_like`` (torch's python reference) and TensorIterator's fast path recompute them.
 _ALLOCATED_LIKE_SELF = frozenset({
-    aten.flip.default,
+    aten.flip.default, aten.nan_to_num.default, aten.frexp.Tensor, *_WITH_A_NUMBER, aten.zero.default,
     *(overload for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like,
-                              aten.randn_like, aten.randint_like)
-      for overload in (getattr(packet, name) for name in packet.overloads())),
+                              aten.randn_like, aten.randint_like, aten.cauchy, aten.exponential, aten.geometric,
+                              aten.log_normal, aten.uniform, aten.random)
+      for overload in (getattr(packet, name) for name in packet.overloads()) if not overload.is_view
+      and not any(argument.name == "out" for argument in schema_of(overload).arguments)),
 })
 
 
@@ -199,11 +205,18 @@ def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
 
 
 def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
-    """``result`` of an elementwise ``op`` restrided as TensorIterator lays it out; other ops' results
-    are returned as they are."""
-    if op in _ALLOCATED_LIKE_SELF:
-        keeps_format = kwargs.get("memory_format") in (None, torch.preserve_format)
-        return kept_dense_strides(args[0], result) if keeps_format and isinstance(result, torch.Tensor) else result
+    """``result`` of ``op`` restrided as a real device's kernel lays it out: an elementwise op's as
+    TensorIterator does, and the results of kernels that allocate them as the tables above say;
+    other ops' results are returned as they are."""
+    laid_out = _iterated(op, args, kwargs, result)
+    if op in _ALLOCATED_LIKE_SELF and kwargs.get("memory_format") in (None, torch.preserve_format):
+        if isinstance(laid_out, tuple):
+            return tuple(kept_dense_strides(args[0], out) if isinstance(out, torch.Tensor) else out for out in laid_out)
+        return kept_dense_strides(args[0], laid_out) if isinstance(laid_out, torch.Tensor) else laid_out
+    return laid_out
+
+
+def _iterated(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     if op in _ALLOCATED_CONTIGUOUS:
         return _allocated_contiguous(op, result)
     operands = operands_of(op, args, kwargs)
