@@ -384,6 +384,12 @@ ALLOCATED_LIKE_SELF_OR_CONTIGUOUS = {
     "uniform": lambda t: torch.ops.aten.uniform.default(t.float()),
     "log_sigmoid_forward": lambda t: torch.ops.aten.log_sigmoid_forward.default(t.float()),
     "normal of a tensor mean": lambda t: torch.normal(t.float(), 1.0),
+    "isinf of floats": lambda t: torch.isinf(t.float()),
+    "isinf of integers": torch.isinf,
+    "isinf of bools": lambda t: torch.isinf(t > 2),
+    "rot90": lambda t: torch.rot90(t, 1, [0, -1]),
+    "rot90, half a turn": lambda t: torch.rot90(t, 2, [-1, 0]),
+    "rot90, three quarters": lambda t: torch.rot90(t, -1, [-1, 0]),
 }
 
 
@@ -397,7 +403,9 @@ def test_kernels_that_allocate_like_self_or_contiguous_lay_out_as_the_cpu_does(m
     strides of size-1 dims. Kernels that allocate ``empty_like(self)`` keep them (flip, the
     ``*_like`` factories, ``nan_to_num``, ``frexp``, the ops that call another with a number into
     such a result, the functional random fills); ``masked_fill``, ``renorm``, ``log_sigmoid_forward``
-    and ``normal`` allocate contiguous; ``polar``, ``complex`` and ``hardswish`` are TensorIterator ops."""
+    and ``normal`` allocate contiguous; ``polar``, ``complex`` and ``hardswish`` are TensorIterator ops;
+    ``isinf`` of floats compares ``abs(self)`` with a number, of integers it is ``zeros_like(self)``;
+    ``rot90`` transposes a ``flip``."""
     shape, stride = layout
     x = torch.empty_strided(shape, stride, dtype=torch.int64).random_(0, 5)
 

@@ -11,6 +11,8 @@ TensorIterator's algorithm, on sizes and strides only.
 """
 from __future__ import annotations
 
+import math
+
 from functools import lru_cache
 from numbers import Number
 from typing import Any, Sequence
@@ -208,12 +210,34 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     """``result`` of ``op`` restrided as a real device's kernel lays it out: an elementwise op's as
     TensorIterator does, and the results of kernels that allocate them as the tables above say;
     other ops' results are returned as they are."""
+    if op is aten.rot90.default and isinstance(result, torch.Tensor):
+        return _rot90(args[0], result, *args[1:], **kwargs)
     laid_out = _iterated(op, args, kwargs, result)
-    if op in _ALLOCATED_LIKE_SELF and kwargs.get("memory_format") in (None, torch.preserve_format):
+    if _allocated_like_self(op, args, kwargs):
         if isinstance(laid_out, tuple):
             return tuple(kept_dense_strides(args[0], out) if isinstance(out, torch.Tensor) else out for out in laid_out)
         return kept_dense_strides(args[0], laid_out) if isinstance(laid_out, torch.Tensor) else laid_out
     return laid_out
+
+
+def _rot90(self: torch.Tensor, result: torch.Tensor, k: int = 1, dims: Sequence[int] = (0, 1)) -> torch.Tensor:
+    """rot90's result as the kernel makes it: ``flip`` (which keeps a dense ``self``'s strides),
+    then a transpose of ``dims`` for a quarter or three quarters of a turn; a whole turn is a
+    contiguous clone, which the meta kernel gets right."""
+    turns = k % 4
+    if turns == 0 or _symbolic((result, self), []) or not is_non_overlapping_and_dense_or_false(self):
+        return result
+    strides = list(self.stride())
+    if turns in (1, 3):
+        first, second = (dim % self.dim() for dim in dims)
+        strides[first], strides[second] = strides[second], strides[first]
+    return result if result.stride() == tuple(strides) else result.new_empty_strided(result.shape, strides)
+
+
+def _allocated_like_self(op: OpOverload, args: tuple, kwargs: dict) -> bool:
+    if op is aten.isinf.default:  # of integers and bools: zeros_like(self, kBool), never infinite
+        return isinstance(args[0], torch.Tensor) and not (args[0].is_floating_point() or args[0].is_complex())
+    return op in _ALLOCATED_LIKE_SELF and kwargs.get("memory_format") in (None, torch.preserve_format)
 
 
 def _iterated(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
@@ -234,6 +258,10 @@ def _iterated(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
         strides = make_contiguous_strides_for(shape)
     elif of_complex == "its real part's":
         strides = tensor_iterator_strides(shape, [torch.view_as_real(first).select(-1, 0)])
+    elif op is aten.isinf.default and first.is_floating_point():
+        # self.abs() == inf: TensorIterator over abs's result and a wrapped number
+        absolute = first.new_empty_strided(shape, tensor_iterator_strides(shape, [first]))
+        strides = tensor_iterator_strides(shape, [absolute, math.inf])
     else:
         strides = tensor_iterator_strides(shape, _cast_on_the_host(op, operands))
     laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
