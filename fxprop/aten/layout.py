@@ -87,6 +87,7 @@ _ALLOCATED_CONTIGUOUS: dict[Any, tuple[int, ...]] = {
 # of the in-place random fills and ``zero``, which clone ``self``): on a real device a dense
 # ``self`` keeps its strides exactly, those of size-1 dims included; the meta kernel's
 # ``empty_like`` (torch's python reference) and TensorIterator's fast path recompute them.
+_ROT90, _ISINF = aten.rot90.default, aten.isinf.default  # laid out by their own rules below
 _ALLOCATED_LIKE_SELF = frozenset({
     aten.flip.default, aten.nan_to_num.default, aten.frexp.Tensor, *_WITH_A_NUMBER, aten.zero.default,
     *(overload for packet in (aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like,
@@ -210,7 +211,7 @@ def relayout(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     """``result`` of ``op`` restrided as a real device's kernel lays it out: an elementwise op's as
     TensorIterator does, and the results of kernels that allocate them as the tables above say;
     other ops' results are returned as they are."""
-    if op is aten.rot90.default and isinstance(result, torch.Tensor):
+    if op is _ROT90 and isinstance(result, torch.Tensor):
         return _rot90(args[0], result, *args[1:], **kwargs)
     laid_out = _iterated(op, args, kwargs, result)
     if _allocated_like_self(op, args, kwargs):
@@ -235,7 +236,7 @@ def _rot90(self: torch.Tensor, result: torch.Tensor, k: int = 1, dims: Sequence[
 
 
 def _allocated_like_self(op: OpOverload, args: tuple, kwargs: dict) -> bool:
-    if op is aten.isinf.default:  # of integers and bools: zeros_like(self, kBool), never infinite
+    if op is _ISINF:  # of integers and bools: zeros_like(self, kBool), never infinite
         return isinstance(args[0], torch.Tensor) and not (args[0].is_floating_point() or args[0].is_complex())
     return op in _ALLOCATED_LIKE_SELF and kwargs.get("memory_format") in (None, torch.preserve_format)
 
@@ -258,7 +259,7 @@ def _iterated(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
         strides = make_contiguous_strides_for(shape)
     elif of_complex == "its real part's":
         strides = tensor_iterator_strides(shape, [torch.view_as_real(first).select(-1, 0)])
-    elif op is aten.isinf.default and first.is_floating_point():
+    elif op is _ISINF and first.is_floating_point():
         # self.abs() == inf: TensorIterator over abs's result and a wrapped number
         absolute = first.new_empty_strided(shape, tensor_iterator_strides(shape, [first]))
         strides = tensor_iterator_strides(shape, [absolute, math.inf])

@@ -25,6 +25,7 @@ pre-hook gathers them before its forward. Its own input and output casts are not
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import torch
@@ -218,12 +219,10 @@ def _traced_from(gm: torch.fx.GraphModule, state: FsdpState) -> bool:
 
 
 def _at(root: nn.Module, path: str) -> Any:
-    value: Any = root
-    for part in path.split("."):
-        value = getattr(value, part, _MISSING)
-        if value is _MISSING:
-            return _MISSING
-    return value
+    try:
+        return operator.attrgetter(path)(root)
+    except AttributeError:
+        return _MISSING
 
 
 _MISSING = object()

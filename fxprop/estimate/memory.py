@@ -35,6 +35,7 @@ temporaries are not.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
@@ -325,9 +326,7 @@ def _holds_memory(tensor: torch.Tensor) -> bool:
 
 
 def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
-    owner: Any = gm
-    for part in target.split("."):
-        owner = getattr(owner, part, None)
-        if owner is None:
-            return None
-    return owner
+    try:
+        return operator.attrgetter(target)(gm)
+    except AttributeError:
+        return None
