@@ -252,13 +252,15 @@ def test_a_first_propagate_in_a_fresh_process_does_not_import_dynamo():
     """Without torch.compile or torch.export in the process, propagating imports no torch._dynamo
     (0.4 s and 45 MB on a cold start): the values' FakeTensorMode is built without it, and
     fxprop's dispatch mode runs without torch's dynamo-disabling wrapper importing it. The
-    values still work as FakeTensors, and once dynamo is imported the wrapper is torch's own again."""
+    values still work as FakeTensors, and once dynamo is imported the wrapper is torch's own again.
+    The same holds for torch's python references that serve as kernels (hardtanh_, clamp)."""
     import subprocess
     import sys
     program = """
 import sys, torch, fxprop
 from fxprop.engine.dispatch import RuleDispatch
-gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.LayerNorm(8)))
+gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.LayerNorm(8),
+                                                torch.nn.ReLU6(inplace=True), torch.nn.Hardtanh(-2.0, 2.0)))
 out = fxprop.propagate(gm, fxprop.TensorSpec((2, 4)))
 assert "torch._dynamo" not in sys.modules
 with out.fake_mode:
@@ -267,7 +269,11 @@ assert isinstance(out.fake_mode, torch._subclasses.fake_tensor.FakeTensorMode)
 import torch._dynamo
 fxprop.propagate(torch.fx.symbolic_trace(lambda x: x.sin().cumsum(0)), fxprop.TensorSpec((5,)))
 raw = RuleDispatch.__torch_dispatch__.__wrapped__
-assert getattr(raw, "__dynamo_disable") is not raw
+assert getattr(raw, "__dynamo_disable").__name__ != "until_dynamo_is_imported"
+torch._refs.clamp(torch.empty(3, device="meta"), 0.0, 1.0)
+from fxprop.torch_compat import _dynamo_disabling_wrappers
+kernels = [wrapper.__wrapped__ for wrapper in _dynamo_disabling_wrappers([torch._refs.clamp])]
+assert kernels and all(kernel.__dynamo_disable.__name__ != "until_dynamo_is_imported" for kernel in kernels)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
