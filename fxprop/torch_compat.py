@@ -608,7 +608,16 @@ def _call_without_dynamo_until_imported(wrapper: Callable) -> None:
         fn.__dynamo_disable = disabled
         return disabled(*args, **kwargs)
 
+    _never_traced(until_dynamo_is_imported.__code__)
     fn.__dynamo_disable = until_dynamo_is_imported
+
+
+def _never_traced(code: types.CodeType) -> None:
+    """Dynamo runs frames of ``code`` without tracing them, as torch's own files (what
+    ``torch._dynamo.eval_frame.skip_code`` does, without importing dynamo): a compiled function's
+    graph break into a python reference must not meet a frame of fxprop's in between."""
+    frames = torch._C._dynamo.eval_frame
+    frames.set_code_exec_strategy(code, frames._FrameExecStrategy(frames._FrameAction.SKIP, frames._FrameAction.DEFAULT))
 
 
 def dispatch_without_importing_dynamo(mode_type: type) -> None:

@@ -150,13 +150,72 @@ def test_native_layer_norm(dtype, parameter_dtype, shape, normalized, affine):
                                            torch.randn(3, dtype=parameter_dtype), None, 1e-5))
 
 
-def test_symbolic_sizes_take_the_shortcut_only_where_the_result_is_contiguous():
+def test_symbolic_sizes_that_may_be_one_keep_the_meta_kernel_where_the_layout_depends_on_them():
+    """A TensorSpec's symbol may be 1, where TensorIterator would skip a dim: the meta kernel lays the result out."""
     gm = torch.fx.symbolic_trace(lambda x, y, z: (x + y, x.transpose(0, 1) + z, torch.relu(x) * 2))
     same, transposed, scaled = fxprop.propagate(gm, fxprop.TensorSpec(("B", 8)), fxprop.TensorSpec(("B", 8)),
                                                 fxprop.TensorSpec((8, "B")))
     assert tuple(map(str, same.stride())) == ("8", "1")
     assert tuple(map(str, scaled.stride())) == ("8", "1")
     assert tuple(map(str, transposed.stride())) == ("1", "8")
+
+
+_ITERATED = {  # elementwise ops over views of two (B, T, 8, 4) inputs
+    "transposed pair": lambda x, y: x.transpose(1, 2) + y.transpose(1, 2),
+    "transposed and permuted": lambda x, y: x.transpose(1, 2) * y.permute(0, 2, 1, 3),
+    "permuted and a number": lambda x, y: x.permute(0, 2, 3, 1) + 1.5,
+    "unary of a transposed": lambda x, y: torch.relu(x.transpose(0, 1)),
+    "broadcast of a size-1 dim": lambda x, y: x[:, :1] + y,
+    "transposed and a broadcast slice": lambda x, y: x.transpose(1, 2)[..., :1] * y.transpose(1, 2),
+    "integers and an int": lambda x, y: x.long().transpose(1, 2) + 3,
+    "comparison of transposes": lambda x, y: x.transpose(2, 3) == y.transpose(2, 3),
+    "transposed and a reduced transpose": lambda x, y: x.transpose(1, 2) - y.sum(1, keepdim=True).transpose(1, 2),
+    "channels-last and contiguous": lambda x, y: x.contiguous(memory_format=torch.channels_last) + y,
+    "sliced pair": lambda x, y: x[..., ::2] * y[..., 1::2],
+    "dropout in training of a transpose": lambda x, y: torch.nn.functional.dropout(x.transpose(1, 2), 0.25, True),
+}
+
+
+class _Iterated(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (5, 2)])
+@pytest.mark.parametrize("name", sorted(_ITERATED))
+def test_symbolic_elementwise_results_lay_out_as_real_execution_where_the_ranges_decide(name, sizes, monkeypatch):
+    """Sizes of at least 2 (export's Dims here, dynamo's dynamic sizes) decide TensorIterator's
+    comparisons: the shortcut lays the result out for every value of the symbols, as the CPU does
+    at the traced sizes, and as the meta kernels do where ShapeEnv can tell."""
+    from fxprop.aten import layout
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    fn = _ITERATED[name]
+    x, y = torch.randn(*sizes, 8, 4), torch.randn(*sizes, 8, 4)
+    batch, seq = torch.export.Dim("B", min=2, max=64), torch.export.Dim("T", min=2, max=64)
+    program = torch.export.export(_Iterated(fn), (x, y), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    decided = []
+    for name in ("decided_tensor_iterator_strides", "decided_dense"):
+        def spy(*args, decide=getattr(layout, name)):
+            decided.append(decide(*args))
+            return decided[-1]
+        monkeypatch.setattr(direct, name, spy)
+    ours = fxprop.propagate(program)
+    assert any(found not in (None, False) for found in decided), "the shortcut was not taken"
+
+    def hint(size):
+        return size.node.hint if isinstance(size, torch.SymInt) else size
+
+    real = fn(x, y)
+    assert ([hint(size) for size in ours.shape], [hint(stride) for stride in ours.stride()], ours.dtype) == \
+           (list(real.shape), list(real.stride()), real.dtype)
+    with _without_shortcut():
+        theirs = fxprop.propagate(program)
+    assert all(statically_known_true(a == b) if isinstance(a, torch.SymInt) else a == b
+               for a, b in zip((*ours.shape, *ours.stride()), (*theirs.shape, *theirs.stride())))
 
 
 @pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL) - set(direct._VIEWS), key=str))

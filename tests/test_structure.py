@@ -280,6 +280,47 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def test_dynamo_compiles_torchs_python_references_alike_after_a_propagate_that_did_not_import_it():
+    """A compiled function that breaks its graph at a python reference (torch's files are skipped)
+    meets no frame of fxprop's while the reference's dynamo-disabling wrapper is made: the same
+    graph breaks and frames as in a process that never propagated."""
+    import subprocess
+    import sys
+    program = """
+import sys, torch
+if sys.argv[1] == "propagate":
+    import fxprop
+    fxprop.propagate(torch.fx.symbolic_trace(torch.nn.Hardtanh()), fxprop.TensorSpec((2, 4)))
+    assert "torch._dynamo" not in sys.modules
+import torch._refs, torch._dynamo
+from torch._dynamo.utils import counters
+def f(x, y):
+    return (torch._refs.mul(torch._refs.add(x, y), y) * 2).sin()
+torch.compile(f, backend="eager")(torch.rand(3), torch.rand(3))
+print(sum(counters["graph_break"].values()), dict(counters["frames"]))
+"""
+    runs = [subprocess.run([sys.executable, "-c", program, argument], capture_output=True, text=True, timeout=120)
+            for argument in ("propagate", "none")]
+    assert all(run.returncode == 0 for run in runs), [run.stderr for run in runs]
+    assert runs[0].stdout == runs[1].stdout
+
+
+def test_a_first_estimate_in_a_fresh_process_does_not_import_dynamo():
+    """estimate's counting modes run without torch's dynamo-disabling wrapper importing it, as propagate's."""
+    import subprocess
+    import sys
+    program = """
+import sys, torch, fxprop
+gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(inplace=True)))
+report = fxprop.estimate(gm, fxprop.TensorSpec((2, 3, 8, 8)))
+assert "torch._dynamo" not in sys.modules
+assert report.flops > 0
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_a_dtensor_propagate_after_dynamo_is_imported_restores_torchs_wrapper_of_every_dispatch_mode():
     """DTensorDispatch's ``__torch_dispatch__`` calls RuleDispatch's through ``super()``: a first
     propagate in a fresh process lets RuleDispatch's skip torch's dynamo-disabling wrapper, and a

@@ -11,7 +11,9 @@ TensorIterator's algorithm, on sizes and strides only.
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 from functools import lru_cache
 from numbers import Number
@@ -19,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 from ..engine import session as context
+from ..symbolic.sizes import DecidedSizes, Undecided
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes,
                             is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
                             make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
@@ -141,37 +144,143 @@ def _shape(operand: Any) -> tuple:
     return tuple(operand.shape) if isinstance(operand, torch.Tensor) else ()
 
 
-def _broadcast_strides(operand: Any, shape: Sequence[int]) -> tuple:
+class _StaticSizes:
+    """Sizes that are ints: compared as they are, tensors checked by torch."""
+
+    eq, lt = staticmethod(operator.eq), staticmethod(operator.lt)
+
+    @staticmethod
+    def contiguous(tensor: torch.Tensor) -> bool:
+        return tensor.is_contiguous()
+
+    @staticmethod
+    def channels_last(tensor: torch.Tensor) -> bool:
+        return tensor.is_contiguous(memory_format=torch.channels_last)
+
+    @staticmethod
+    def dense(tensor: torch.Tensor) -> bool:
+        return is_non_overlapping_and_dense_or_false(tensor)
+
+    @staticmethod
+    def contiguous_strides(shape: tuple) -> tuple:
+        return make_contiguous_strides_for(shape)
+
+
+class _SymbolicSizes:
+    """Symbolic sizes, each relation decided for every value in the ShapeEnv's ranges (`DecidedSizes`,
+    which raises `Undecided` otherwise); tensors checked as c10 checks them (TensorImpl's
+    ``compute_contiguous``, ``compute_channels_last_contiguous_2d``, ``compute_non_overlapping_and_dense``),
+    on sizes that are never 0."""
+
+    def __init__(self, sizes: DecidedSizes):
+        self.eq, self.lt = sizes.eq, sizes.lt
+
+    def contiguous(self, tensor: torch.Tensor) -> bool:
+        return self._dense_in(tensor, range(tensor.dim() - 1, -1, -1))
+
+    def channels_last(self, tensor: torch.Tensor) -> bool:
+        return tensor.dim() == 4 and self._dense_in(tensor, (1, 3, 2, 0))
+
+    def _dense_in(self, tensor: torch.Tensor, order: Sequence[int]) -> bool:
+        shape, strides, expected = tensor.shape, tensor.stride(), 1
+        for dim in order:
+            if self.eq(shape[dim], 1):
+                continue
+            if not self.eq(strides[dim], expected):
+                return False
+            expected = expected * shape[dim]
+        return True
+
+    def dense(self, tensor: torch.Tensor) -> bool:
+        shape, strides = tensor.shape, tensor.stride()
+        if tensor.dim() == 1:
+            return self.lt(shape[0], 2) or self.eq(strides[0], 1)
+
+        def before(a: int, b: int) -> int:  # dims of size 0 or 1 last
+            a_small, b_small = self.lt(shape[a], 2), self.lt(shape[b], 2)
+            if a_small or b_small:
+                return int(a_small) - int(b_small)
+            return -1 if self.lt(strides[a], strides[b]) else (1 if self.lt(strides[b], strides[a]) else 0)
+
+        expected = 1
+        for dim in sorted(range(tensor.dim()), key=functools.cmp_to_key(before)):
+            if self.lt(shape[dim], 2):
+                return True
+            if not self.eq(strides[dim], expected):
+                return False
+            expected = expected * shape[dim]
+        return True
+
+    @staticmethod
+    def contiguous_strides(shape: tuple) -> tuple:
+        strides, running = [], 1
+        for size in reversed(shape):
+            strides.append(running)
+            running = running * size
+        return tuple(reversed(strides))
+
+
+def _broadcast_strides(operand: Any, shape: Sequence[int], sizes: Any) -> tuple:
     """TensorIterator's view of an operand: stride 0 along dims it is broadcast in."""
     if not isinstance(operand, torch.Tensor):
         return (0,) * len(shape)
     offset = len(shape) - operand.dim()
     strides = [0] * offset
     for size, stride, out_size in zip(operand.shape, operand.stride(), shape[offset:]):
-        strides.append(0 if size == 1 and out_size != 1 else stride)
+        strides.append(0 if sizes.eq(size, 1) and not sizes.eq(out_size, 1) else stride)
     return tuple(strides)
 
 
-def tensor_iterator_strides(shape: Sequence[int], operands: Sequence[Any]) -> tuple:
+def tensor_iterator_strides(shape: Sequence[int], operands: Sequence[Any], sizes: Any = _StaticSizes) -> tuple:
     """The strides TensorIterator gives a new output of ``shape`` computed from ``operands``
     (tensors, and python numbers standing for wrapped 0-dim scalars)."""
     shape = tuple(shape)
     if len(shape) == 0:
         return ()
     first = _shape(operands[0])
-    if all(_shape(operand) == first for operand in operands):  # the fast set-up path
+    if all(_same_shape(_shape(operand), first, sizes) for operand in operands):  # the fast set-up path
         tensors = list(operands)
-        if all(t.is_contiguous() for t in tensors):
-            return make_contiguous_strides_for(shape)
-        if all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+        if all(sizes.contiguous(t) for t in tensors):
+            return sizes.contiguous_strides(shape)
+        if all(sizes.channels_last(t) for t in tensors):
             return make_channels_last_2d_strides_for(shape)
-        if all(is_non_overlapping_and_dense_or_false(t) for t in tensors) and \
-                all(t.stride() == tensors[-1].stride() for t in tensors):
+        if all(sizes.dense(t) for t in tensors) and \
+                all(_same_shape(t.stride(), tensors[-1].stride(), sizes) for t in tensors):
             return tuple(tensors[-1].stride())
-    return _reordered_strides(shape, [_broadcast_strides(operand, shape) for operand in operands])
+    return _reordered_strides(shape, [_broadcast_strides(operand, shape, sizes) for operand in operands], sizes)
 
 
-def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
+def decided_tensor_iterator_strides(shape: Sequence[Any], operands: Sequence[Any]) -> tuple | None:
+    """`tensor_iterator_strides` of symbolic sizes where the ShapeEnv's ranges decide every
+    comparison TensorIterator makes, so that the layout is the same for every value of the
+    symbols; None where one is left open or a size may be 0."""
+    tensors = [operand for operand in operands if isinstance(operand, torch.Tensor)]
+    decided = DecidedSizes(size for tensor in tensors for size in (*tensor.shape, *tensor.stride()))
+    try:
+        if any(decided.lt(size, 1) for size in (*shape, *(size for tensor in tensors for size in tensor.shape))):
+            return None
+        return tensor_iterator_strides(shape, operands, _SymbolicSizes(decided))
+    except Undecided:
+        return None
+
+
+def decided_dense(tensor: torch.Tensor) -> bool:
+    """Whether a tensor of symbolic sizes is non-overlapping and dense for every value of its symbols,
+    none of them 0; False where the ShapeEnv's ranges cannot tell."""
+    decided = DecidedSizes((*tensor.shape, *tensor.stride()))
+    try:
+        return not any(decided.lt(size, 1) for size in tensor.shape) and _SymbolicSizes(decided).dense(tensor)
+    except Undecided:
+        return False
+
+
+def _same_shape(first: Sequence[Any], second: Sequence[Any], sizes: Any) -> bool:
+    if sizes is _StaticSizes:
+        return tuple(first) == tuple(second)
+    return len(first) == len(second) and all(sizes.eq(a, b) for a, b in zip(first, second))
+
+
+def _reordered_strides(shape: tuple, strides: list[tuple], sizes: Any) -> tuple:
     """``reorder_dimensions``: sort dims fastest first by the operands' strides (ties broken by
     size, ambiguous pairs left in place), then lay the output out densely in that order."""
     ndim = len(shape)
@@ -179,11 +288,11 @@ def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
     def should_swap(dim0: int, dim1: int) -> int:
         for operand in strides:
             stride0, stride1 = operand[dim0], operand[dim1]
-            if stride0 == 0 or stride1 == 0:
+            if sizes.eq(stride0, 0) or sizes.eq(stride1, 0):
                 continue
-            if stride0 != stride1:
-                return -1 if stride0 < stride1 else 1
-            if shape[dim0] > shape[dim1]:
+            if not sizes.eq(stride0, stride1):
+                return -1 if sizes.lt(stride0, stride1) else 1
+            if sizes.lt(shape[dim1], shape[dim0]):
                 return 1
         return 0
 
@@ -198,7 +307,7 @@ def _reordered_strides(shape: tuple, strides: list[tuple]) -> tuple:
             elif comparison < 0:
                 break
     if perm == list(range(ndim - 1, -1, -1)):
-        return make_contiguous_strides_for(shape)
+        return sizes.contiguous_strides(shape)
     result = [0] * ndim
     next_stride = 1
     for dim in perm:

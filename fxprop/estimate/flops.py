@@ -22,8 +22,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, enable_python_dispatcher,
-                            functorch_unwrapped, is_composite_implicit, packet_of, pytree)
+from ..torch_compat import (HigherOrderOperator, OpOverload, TorchDispatchMode, dispatch_without_importing_dynamo,
+                            enable_python_dispatcher, functorch_unwrapped, is_composite_implicit, packet_of, pytree)
 from ..memo.signatures import Uncacheable, symbolic_signature
 from ..engine.module_state import StateView
 from ..distributed.dtensors import META_KEY
@@ -76,6 +76,7 @@ class CountingMode(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.flops: Any = 0
+        dispatch_without_importing_dynamo(type(self))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from ..torch_compat import TorchDispatchMode, _disable_current_modes, pytree
+from ..torch_compat import TorchDispatchMode, _disable_current_modes, dispatch_without_importing_dynamo, pytree
 
 aten = torch.ops.aten
 META = torch.device("meta")
@@ -40,6 +40,7 @@ class HostReads(TorchDispatchMode):
 
     def __init__(self, stand_in: bool = False) -> None:
         super().__init__()
+        dispatch_without_importing_dynamo(type(self))
         self.copies = WeakTensorKeyDictionary()
         self.stand_in = stand_in
         self.stood_in = 0

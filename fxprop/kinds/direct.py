@@ -14,9 +14,11 @@ Only calls whose answer is plain take it: sizes equal or 1 without deciding anyt
 every kernel implements the op for, no optional argument that changes the result. Anything
 else -- a broadcast that fails or that the sizes' bounds must decide, a refusal, mixed dtypes --
 returns None, and the meta kernel runs, checks and raises as before. With symbolic sizes the
-elementwise shortcut is taken, as FakeTensorMode takes it, only for operands that are
-contiguous without an assumption, one of which has the result's shape: the result is then
-contiguous. Batch norm takes it with static sizes only.
+elementwise shortcut is taken where the ShapeEnv's ranges decide, without a guard, every comparison
+TensorIterator makes to lay the result out (`fxprop.aten.layout.decided_tensor_iterator_strides`):
+the layout is then the same for every value of the symbols. Operands of two dtypes take it only
+where they are contiguous and one has the result's shape (the CPU casts the other one first).
+Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
                             make_channels_last_2d_strides_for,
@@ -36,6 +39,7 @@ _INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
 _ALWAYS_BOOL = ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 _FULL_PRECISION = frozenset({torch.float32, torch.float64})  # reduced precision keeps other statistics dtypes
 
 
@@ -65,19 +69,21 @@ def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     if not isinstance(first, torch.Tensor):
         return None
     if isinstance(second, torch.Tensor):
-        operands = (first, second)
+        tensors = (first, second)
     elif type(second) in (int, float) and first.dtype.is_floating_point:
-        operands = (first,)  # a python number never changes a floating tensor's dtype
+        tensors = (first,)  # a python number never changes a floating tensor's dtype
+    elif type(second) is int and _BINARY[op] is not _INT_TO_FLOAT and first.dtype in _INTEGERS:
+        tensors = (first,)  # nor a python int an integer tensor's
     else:
         return None
-    dtypes = {tensor.dtype for tensor in operands}
+    dtypes = {tensor.dtype for tensor in tensors}
     if any(dtype.is_complex for dtype in dtypes) or (op in _NEVER_ON_BOOLS and torch.bool in dtypes) or (
             op in _NEVER_ON_FLOATS and any(dtype.is_floating_point for dtype in dtypes)):
         return None
-    shape = _plain_broadcast([tensor.shape for tensor in operands])
+    shape = _plain_broadcast([tensor.shape for tensor in tensors])
     if shape is None:
         return None
-    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), operands)
+    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), tensors, iterated=args)
 
 
 def unary_float(input: Any) -> torch.Tensor | None:
@@ -92,12 +98,19 @@ def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
     return _elementwise_result(input.shape, input.dtype, (input,))
 
 
-def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple) -> torch.Tensor | None:
-    if any(has_symbolic_sizes(tensor) for tensor in tensors) and (
-            not any(_same_sizes(tensor.shape, shape) for tensor in tensors) or not all(
-                known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format) for tensor in tensors)):
-        return None
-    return torch.empty(shape, dtype=dtype, device="meta")  # static sizes: laid out by `fxprop.aten.layout.relayout`
+def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterated: tuple = ()) -> torch.Tensor | None:
+    """A result of ``shape`` and ``dtype``; with symbolic sizes laid out as TensorIterator lays it out over
+    ``iterated`` (the tensors, and a python number as the wrapped scalar it becomes), where the ShapeEnv
+    decides that layout."""
+    if not any(has_symbolic_sizes(tensor) for tensor in tensors):
+        return torch.empty(shape, dtype=dtype, device="meta")  # laid out by `fxprop.aten.layout.relayout`
+    if any(_same_sizes(tensor.shape, shape) for tensor in tensors) and all(
+            known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format) for tensor in tensors):
+        return torch.empty(shape, dtype=dtype, device="meta")
+    if len({tensor.dtype for tensor in tensors}) != 1:
+        return None  # the CPU's iterator would first cast an operand (`fxprop.aten.layout`)
+    strides = decided_tensor_iterator_strides(shape, iterated or tensors)
+    return None if strides is None else torch.empty_strided(shape, strides, dtype=dtype, device="meta")
 
 
 def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tuple) -> torch.dtype:
@@ -305,6 +318,17 @@ def native_batch_norm(input: Any, weight: Any, bias: Any, running_mean: Any, run
     return batch_norm_in_inference(input, weight, bias, running_mean, running_var, momentum, eps)
 
 
+def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
+    """Of a floating tensor of symbolic sizes that is dense for every value of them: the output and
+    the mask both ``empty_like(input)`` on every device, in training or not (the CPU's ``input *
+    noise`` iterates over two tensors of one dense layout, keeping it)."""
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or not has_symbolic_sizes(input) or \
+            type(p) not in (int, float) or not 0 <= p <= 1 or not decided_dense(input):
+        return None
+    return (torch.empty_strided(input.shape, input.stride(), dtype=input.dtype, device="meta"),
+            torch.empty_strided(input.shape, input.stride(), dtype=torch.bool, device="meta"))
+
+
 def _in_place_of(functional: Any) -> Callable[..., Any]:
     def in_place(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         """``self``, where the functional form has a plain result (which `check_writes_into_self`
@@ -322,6 +346,7 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: native_layer_norm,
     aten._native_batch_norm_legit_no_training.default: batch_norm_in_inference,
     aten.native_batch_norm.default: native_batch_norm,
+    aten.native_dropout.default: native_dropout,
 }
 # Their in-place forms (t_, unsqueeze_) change self's sizes: they run their kernels.
 _VIEWS: dict[Any, Callable[..., Any]] = {

@@ -122,6 +122,42 @@ def known_laid_out_in(shape: tuple, stride: tuple, memory_format: torch.memory_f
     return True
 
 
+class Undecided(Exception):
+    """A relation of sizes that has different answers for different values in the ShapeEnv's ranges."""
+
+
+class DecidedSizes:
+    """Relations of sizes (ints or SymInts) answered as every value in the ShapeEnv's ranges answers
+    them, without a guard; `Undecided` where the values disagree or the ranges cannot tell.
+
+    >>> sizes = DecidedSizes(())
+    >>> sizes.eq(3, 3), sizes.lt(4, 3)
+    (True, False)
+    """
+
+    def __init__(self, sizes: Iterable[Any]):
+        self.env = _shape_env_of(tuple(sizes))
+
+    def eq(self, a: Any, b: Any) -> bool:
+        if type(a) is int and type(b) is int:
+            return a == b
+        a, b = _as_sympy(a), _as_sympy(b)
+        return a == b or self._decide(sympy.Eq(a, b), sympy.Ne(a, b))
+
+    def lt(self, a: Any, b: Any) -> bool:
+        if type(a) is int and type(b) is int:
+            return a < b
+        a, b = _as_sympy(a), _as_sympy(b)
+        return self._decide(sympy.Lt(a, b), sympy.Ge(a, b))
+
+    def _decide(self, relation: Any, negation: Any) -> bool:
+        if _known(self.env, relation):
+            return True
+        if _known(self.env, negation):
+            return False
+        raise Undecided(relation)
+
+
 def _known_equal(env: Any, a: sympy.Expr, b: Any) -> bool:
     """``a == b`` as the ShapeEnv knows it, without a guard; equal expressions are equal on sight."""
     return a == b or _known(env, sympy.Eq(a, b))
