@@ -172,6 +172,8 @@ _ITERATED = {  # elementwise ops over views of two (B, T, 8, 4) inputs
     "transposed and a reduced transpose": lambda x, y: x.transpose(1, 2) - y.sum(1, keepdim=True).transpose(1, 2),
     "channels-last and contiguous": lambda x, y: x.contiguous(memory_format=torch.channels_last) + y,
     "sliced pair": lambda x, y: x[..., ::2] * y[..., 1::2],
+    "a size-1 dim of a large stride, broadcast": lambda x, y: (x[:1, :, 0].contiguous().permute(1, 0, 2)
+                                                               + y[:, :, :1].contiguous()),
     "dropout in training of a transpose": lambda x, y: torch.nn.functional.dropout(x.transpose(1, 2), 0.25, True),
 }
 

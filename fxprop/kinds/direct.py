@@ -17,7 +17,7 @@ returns None, and the meta kernel runs, checks and raises as before. With symbol
 elementwise shortcut is taken where the ShapeEnv's ranges decide, without a guard, every comparison
 TensorIterator makes to lay the result out (`fxprop.aten.layout.decided_tensor_iterator_strides`):
 the layout is then the same for every value of the symbols. Operands of two dtypes take it only
-where they are contiguous and one has the result's shape (the CPU casts the other one first).
+where they are all contiguous and of the result's shape (the CPU casts one of them first).
 Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
@@ -104,8 +104,8 @@ def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterat
     decides that layout."""
     if not any(has_symbolic_sizes(tensor) for tensor in tensors):
         return torch.empty(shape, dtype=dtype, device="meta")  # laid out by `fxprop.aten.layout.relayout`
-    if any(_same_sizes(tensor.shape, shape) for tensor in tensors) and all(
-            known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format) for tensor in tensors):
+    if all(_same_sizes(tensor.shape, shape) and known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format)
+           for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
         return torch.empty(shape, dtype=dtype, device="meta")
     if len({tensor.dtype for tensor in tensors}) != 1:
         return None  # the CPU's iterator would first cast an operand (`fxprop.aten.layout`)
