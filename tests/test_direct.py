@@ -95,12 +95,32 @@ def test_binary_ops_of_two_tensors(op, shapes, dtypes):
         _check(op, (first, second))
 
 
-@pytest.mark.parametrize("op", sorted(direct._BINARY, key=str))
-@pytest.mark.parametrize("number", [2, 0.5, -3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+@pytest.mark.parametrize("op", sorted({*direct._BINARY, *direct._SCALAR_FORMS}, key=str))
+@pytest.mark.parametrize("number", [2, 0.5, -3, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool])
 def test_binary_ops_of_a_tensor_and_a_number(op, number, dtype):
     for tensor in _layouts((2, 1, 3, 3), dtype):
         _check(op, (tensor, number))
+
+
+@pytest.mark.parametrize("shapes", [((2, 3), (2, 3), (2, 3)), ((2, 1, 3), (4, 3), (3,)), ((1, 5), (5, 1), (1,)),
+                                    ((2, 3), (4,), (2, 3))])
+@pytest.mark.parametrize("dtypes", [(torch.bool, torch.float32, torch.float32), (torch.bool, torch.int64, torch.int64),
+                                    (torch.bool, torch.float16, torch.float32), (torch.uint8, torch.float32, torch.float32)])
+def test_where_of_three_tensors(shapes, dtypes):
+    for condition, input, other in zip(_layouts(shapes[0], dtypes[0]), _layouts(shapes[1], dtypes[1])[::-1],
+                                       _layouts(shapes[2], dtypes[2])):
+        _check(aten.where.self, (condition, input, other))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 1, 4, 1), (3, 5), (), (0, 3)])
+@pytest.mark.parametrize("dtype, result_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                                 (torch.float32, torch.float64), (torch.float16, torch.float32),
+                                                 (torch.int64, None), (torch.float64, torch.float16)])
+def test_safe_softmax_is_contiguous_whatever_the_layout(shape, dtype, result_dtype):
+    for tensor in _layouts(shape, dtype):
+        for dim in (-1, 0, max(len(shape) - 2, 0), 7):
+            _check(aten._safe_softmax.default, (tensor, dim, result_dtype))
 
 
 @pytest.mark.parametrize("op", sorted(direct._UNARY_FLOAT | {aten.gelu.default}, key=str))
@@ -174,6 +194,9 @@ _ITERATED = {  # elementwise ops over views of two (B, T, 8, 4) inputs
     "sliced pair": lambda x, y: x[..., ::2] * y[..., 1::2],
     "a size-1 dim of a large stride, broadcast": lambda x, y: (x[:1, :, 0].contiguous().permute(1, 0, 2)
                                                                + y[:, :, :1].contiguous()),
+    "where over transposes": lambda x, y: torch.where(x.transpose(1, 2) > 0, x.transpose(1, 2), y.transpose(1, 2)),
+    "a transpose times a number": lambda x, y: torch.ops.aten.mul.Scalar(x.transpose(0, 1), 0.5),
+    "safe softmax of a transpose": lambda x, y: torch.ops.aten._safe_softmax(x.transpose(1, 3), -1),
     "dropout in training of a transpose": lambda x, y: torch.nn.functional.dropout(x.transpose(1, 2), 0.25, True),
 }
 
@@ -193,20 +216,22 @@ def test_symbolic_elementwise_results_lay_out_as_real_execution_where_the_ranges
     """Sizes of at least 2 (export's Dims here, dynamo's dynamic sizes) decide TensorIterator's
     comparisons: the shortcut lays the result out for every value of the symbols, as the CPU does
     at the traced sizes, and as the meta kernels do where ShapeEnv can tell."""
-    from fxprop.aten import layout
+    from fxprop.torch_compat import has_symbolic_sizes
     from torch.fx.experimental.symbolic_shapes import statically_known_true
     fn = _ITERATED[name]
     x, y = torch.randn(*sizes, 8, 4), torch.randn(*sizes, 8, 4)
     batch, seq = torch.export.Dim("B", min=2, max=64), torch.export.Dim("T", min=2, max=64)
     program = torch.export.export(_Iterated(fn), (x, y), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
-    decided = []
-    for name in ("decided_tensor_iterator_strides", "decided_dense"):
-        def spy(*args, decide=getattr(layout, name)):
-            decided.append(decide(*args))
-            return decided[-1]
-        monkeypatch.setattr(direct, name, spy)
+    from fxprop.kinds import meta
+    direct_results = []
+
+    def spy(op, args, kwargs):
+        direct_results.append(direct.direct_result(op, args, kwargs))
+        return direct_results[-1]
+    monkeypatch.setattr(meta, "direct_result", spy)
     ours = fxprop.propagate(program)
-    assert any(found not in (None, False) for found in decided), "the shortcut was not taken"
+    assert any(isinstance(found, torch.Tensor) and has_symbolic_sizes(found) and not found._is_view()
+               for found in torch.utils._pytree.tree_leaves(direct_results)), "the shortcut was not taken"
 
     def hint(size):
         return size.node.hint if isinstance(size, torch.SymInt) else size

@@ -406,10 +406,15 @@ def _cast_on_the_host(op: OpOverload, operands: list) -> list:
     device = context.node_device()
     if device is not None and device.type != "cpu":
         return operands
-    return [operand if not isinstance(operand, torch.Tensor) or operand.dtype == common
-            or is_non_overlapping_and_dense_or_false(operand)
-            else torch.empty_like(operand, device="meta")
+    return [operand if not isinstance(operand, torch.Tensor) or operand.dtype == common else cast_copy(operand)
             for operand in operands]
+
+
+def cast_copy(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor.to(dtype)``'s layout: a dense layout kept, any other laid out densely in the order of its strides."""
+    if is_non_overlapping_and_dense_or_false(tensor):
+        return tensor if dtype is None else tensor.new_empty_strided(tensor.shape, tensor.stride(), dtype=dtype)
+    return torch.empty_like(tensor, dtype=dtype, device="meta")
 
 
 _BINARY_OPERANDS = (((0, "self"), (1, "other")),)

@@ -51,6 +51,10 @@ _BINARY = {
     aten.le.Tensor: _ALWAYS_BOOL, aten.gt.Tensor: _ALWAYS_BOOL, aten.ge.Tensor: _ALWAYS_BOOL,
     aten.bitwise_and.Tensor: _DEFAULT, aten.bitwise_or.Tensor: _DEFAULT, aten.bitwise_xor.Tensor: _DEFAULT,
 }
+# The Scalar overloads: the same ops with a wrapped number (``x * 0.5``, ``mask == 0``).
+_SCALAR_FORMS = {getattr(packet, "Scalar"): tensor_form for tensor_form in _BINARY
+                 for packet in [getattr(aten, tensor_form.name().removeprefix("aten::").partition(".")[0])]
+                 if "Scalar" in packet.overloads()}
 _NEVER_ON_BOOLS = {aten.sub.Tensor}  # "Subtraction, the `-` operator, with two bool tensors is not supported"
 _NEVER_ON_FLOATS = {aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor}  # bools and integers only
 
@@ -83,7 +87,29 @@ def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     shape = _plain_broadcast([tensor.shape for tensor in tensors])
     if shape is None:
         return None
-    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), tensors, iterated=args)
+    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), tensors, iterated=args,
+                               casts=len(dtypes) > 1)
+
+
+def where(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
+    """``where(condition, input, other)`` of a bool condition and two tensors of one dtype (ATen casts
+    them to their common dtype first), iterated in that order."""
+    tensors = (condition, input, other)
+    if not all(isinstance(tensor, torch.Tensor) for tensor in tensors) or condition.dtype is not torch.bool or \
+            input.dtype != other.dtype or input.dtype.is_complex:
+        return None
+    shape = _plain_broadcast([tensor.shape for tensor in tensors])
+    return None if shape is None else _elementwise_result(shape, input.dtype, tensors)
+
+
+def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None:
+    """``_safe_softmax``: softmax, with rows that are all -inf zeroed by a ``where`` over the softmax's
+    result, which every device allocates contiguous (``_softmax``'s structured meta gives no
+    strides): contiguous, whatever the input's layout."""
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or (dtype is not None and dtype not in _FLOATS) \
+            or _dim(dim, input.dim()) is None:
+        return None
+    return torch.empty(input.shape, dtype=dtype or input.dtype, device="meta")
 
 
 def unary_float(input: Any) -> torch.Tensor | None:
@@ -98,17 +124,18 @@ def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
     return _elementwise_result(input.shape, input.dtype, (input,))
 
 
-def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterated: tuple = ()) -> torch.Tensor | None:
+def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterated: tuple = (),
+                        casts: bool = False) -> torch.Tensor | None:
     """A result of ``shape`` and ``dtype``; with symbolic sizes laid out as TensorIterator lays it out over
     ``iterated`` (the tensors, and a python number as the wrapped scalar it becomes), where the ShapeEnv
-    decides that layout."""
+    decides that layout. ``casts``: the CPU's iterator first casts an operand to the common dtype."""
     if not any(has_symbolic_sizes(tensor) for tensor in tensors):
         return torch.empty(shape, dtype=dtype, device="meta")  # laid out by `fxprop.aten.layout.relayout`
     if all(_same_sizes(tensor.shape, shape) and known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format)
            for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
         return torch.empty(shape, dtype=dtype, device="meta")
-    if len({tensor.dtype for tensor in tensors}) != 1:
-        return None  # the CPU's iterator would first cast an operand (`fxprop.aten.layout`)
+    if casts:
+        return None  # a cast copy's layout (`fxprop.aten.layout`) is left to the meta kernel
     strides = decided_tensor_iterator_strides(shape, iterated or tensors)
     return None if strides is None else torch.empty_strided(shape, strides, dtype=dtype, device="meta")
 
@@ -339,6 +366,9 @@ def _in_place_of(functional: Any) -> Callable[..., Any]:
 
 _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(binary, op) for op in _BINARY},
+    **{op: functools.partial(binary, tensor_form) for op, tensor_form in _SCALAR_FORMS.items()},
+    aten.where.self: where,
+    aten._safe_softmax.default: safe_softmax,
     **dict.fromkeys(_UNARY_FLOAT, unary_float),
     aten.gelu.default: gelu,
     aten.mm.default: mm,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..aten.layout import cast_copy
 from ..resolve.registry import rule
 from ..torch_compat import check
 
@@ -16,9 +17,9 @@ aten = torch.ops.aten
 @rule(aten.where.self)
 def where(condition, self, other):
     """Corrects aten.where.self's meta kernel, which refuses a uint8 condition that every real
-    kernel still accepts as bool (deprecated, with a warning)."""
+    kernel still accepts (deprecated, with a warning), as ``condition.to(kBool)``."""
     if condition.dtype == torch.uint8:
-        condition = torch.empty_strided(condition.shape, condition.stride(), dtype=torch.bool, device=condition.device)
+        condition = cast_copy(condition, torch.bool)
     return aten.where.self(condition, self, other)
 
 
