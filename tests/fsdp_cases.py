@@ -3,6 +3,7 @@ CPU mesh, where FSDP's hooks run for real over torch's fake process group) and t
 spawned by torch.multiprocessing (which import this module by name)."""
 from __future__ import annotations
 
+import gc
 import os
 import weakref
 
@@ -226,6 +227,7 @@ class LiveLocalBytesWithFsdp(cases.LiveLocalBytes):
                         if node.op == "call_module" and isinstance(self.fetch_attr(node.target), FSDPModule)]
 
     def live_bytes(self, *values) -> int:
+        gc.collect()  # a storage only a reference cycle holds is garbage, whenever the collector gets to it
         live = dict(self.held)
         for value in [*self.env.values(), *values, *self.allocations.alive()]:
             live.update(cases._local_storages(value))
