@@ -213,6 +213,8 @@ class _SymbolicSizes:
 
     @staticmethod
     def contiguous_strides(shape: tuple) -> tuple:
+        # plain products, as torch.empty makes them: the sizes are decided non-zero, so no sym_max(size, 1)
+        # as in `fxprop.symbolic.contiguous_strides`
         strides, running = [], 1
         for size in reversed(shape):
             strides.append(running)

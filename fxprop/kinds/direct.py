@@ -109,7 +109,7 @@ def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or (dtype is not None and dtype not in _FLOATS) \
             or _dim(dim, input.dim()) is None:
         return None
-    return torch.empty(input.shape, dtype=dtype or input.dtype, device="meta")
+    return torch.empty(input.shape, dtype=input.dtype if dtype is None else dtype, device="meta")
 
 
 def unary_float(input: Any) -> torch.Tensor | None:
