@@ -466,6 +466,12 @@ def evaluate_statically(shape_env: ShapeEnv, expr: Any) -> Any:
     return shape_env._maybe_evaluate_static(expr)
 
 
+def shape_env_version(shape_env: ShapeEnv) -> int:
+    """A count that moves whenever ``shape_env`` learns something a static evaluation could read
+    (the one its own memo of `evaluate_statically` is keyed by)."""
+    return shape_env._version_counter
+
+
 def constrain_size(shape_env: ShapeEnv, expr: Any, lower: int) -> None:
     """Mark the unbacked symbol ``expr`` as a size that is at least ``lower``."""
     shape_env._constrain_range_for_size(expr, min=lower)

@@ -17,7 +17,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .. import ambient, symbolic
 from ..memo.signatures import Uncacheable, symbolic_signature
-from ..torch_compat import DATA_DEPENDENT_ERRORS, evaluate_statically, storage_key
+from ..symbolic.sizes import static_truth
+from ..torch_compat import DATA_DEPENDENT_ERRORS, storage_key
 
 aten = torch.ops.aten
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
@@ -51,15 +52,15 @@ def _view_strides_on_sight(old_shape: Sequence, old_stride: Sequence, new_shape:
     for tensor_d in range(len(old_shape) - 1, -1, -1):
         tensor_numel = tensor_numel * _expression(old_shape[tensor_d])
         if tensor_d == 0 or (
-                _on_sight(env, sympy.Ne(_expression(old_shape[tensor_d - 1]), 1))
-                and _on_sight(env, sympy.Ne(_expression(old_stride[tensor_d - 1]),
-                                            tensor_numel * _expression(chunk_base_stride)))):
-            while view_d >= 0 and (_on_sight(env, sympy.Lt(_expression(view_numel), tensor_numel))
-                                   or _on_sight(env, sympy.Eq(_expression(new_shape[view_d]), 1))):
+                _on_sight(env, sympy.Ne, _expression(old_shape[tensor_d - 1]), 1)
+                and _on_sight(env, sympy.Ne, _expression(old_stride[tensor_d - 1]),
+                              tensor_numel * _expression(chunk_base_stride))):
+            while view_d >= 0 and (_on_sight(env, sympy.Lt, _expression(view_numel), tensor_numel)
+                                   or _on_sight(env, sympy.Eq, _expression(new_shape[view_d]), 1)):
                 new_stride[view_d] = view_numel * chunk_base_stride
                 view_numel *= new_shape[view_d]
                 view_d -= 1
-            if _on_sight(env, sympy.Ne(_expression(view_numel), tensor_numel)):
+            if _on_sight(env, sympy.Ne, _expression(view_numel), tensor_numel):
                 return None
             if tensor_d > 0:
                 chunk_base_stride = old_stride[tensor_d - 1]
@@ -67,16 +68,11 @@ def _view_strides_on_sight(old_shape: Sequence, old_stride: Sequence, new_shape:
     return new_stride if view_d == -1 else None
 
 
-def _on_sight(env: Any, relation: Any) -> bool:
-    if relation is sympy.true or relation is sympy.false:
-        return bool(relation)
-    try:
-        found = evaluate_statically(env, relation) if env is not None else None
-    except Exception:  # as torch's static evaluation: what it cannot simplify is undecided
-        found = None
+def _on_sight(env: Any, relation: type, a: sympy.Expr, b: Any) -> bool:
+    found = static_truth(env, relation, a, b)
     if found is None:
         raise _Undecided
-    return bool(found)
+    return found
 
 
 def _view_strides_deciding(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:

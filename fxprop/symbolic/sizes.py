@@ -10,7 +10,7 @@ from typing import Any, Iterable
 import sympy
 import torch
 
-from .. import torch_compat
+from .. import ambient, torch_compat
 from ..call import has_symbolic  # noqa: F401  (a call's fact, named here too)
 from ..errors import InternalError, PropagationError
 
@@ -104,7 +104,7 @@ def known_laid_out_in(shape: tuple, stride: tuple, memory_format: torch.memory_f
     env = _shape_env_of((*shape, *stride))
     sizes, strides = [_as_sympy(size) for size in shape], [_as_sympy(size) for size in stride]
     if memory_format is torch.contiguous_format:
-        if _known(env, sympy.Eq(sympy.Mul(*sizes), 0)):
+        if _known(env, sympy.Eq, sympy.Mul(*sizes), 0):
             return True
         order = range(len(shape) - 1, -1, -1)
     else:
@@ -142,36 +142,63 @@ class DecidedSizes:
         if type(a) is int and type(b) is int:
             return a == b
         a, b = _as_sympy(a), _as_sympy(b)
-        return a == b or self._decide(sympy.Eq(a, b), sympy.Ne(a, b))
+        return a == b or self._decide(sympy.Eq, sympy.Ne, a, b)
 
     def lt(self, a: Any, b: Any) -> bool:
         if type(a) is int and type(b) is int:
             return a < b
         a, b = _as_sympy(a), _as_sympy(b)
-        return self._decide(sympy.Lt(a, b), sympy.Ge(a, b))
+        return self._decide(sympy.Lt, sympy.Ge, a, b)
 
-    def _decide(self, relation: Any, negation: Any) -> bool:
-        if _known(self.env, relation):
+    def _decide(self, relation: type, negation: type, a: Any, b: Any) -> bool:
+        if _known(self.env, relation, a, b):
             return True
-        if _known(self.env, negation):
+        if _known(self.env, negation, a, b):
             return False
-        raise Undecided(relation)
+        raise Undecided(relation(a, b))
 
 
 def _known_equal(env: Any, a: sympy.Expr, b: Any) -> bool:
     """``a == b`` as the ShapeEnv knows it, without a guard; equal expressions are equal on sight."""
-    return a == b or _known(env, sympy.Eq(a, b))
+    return a == b or _known(env, sympy.Eq, a, b)
 
 
-def _known(env: Any, relation: Any) -> bool:
+def _known(env: Any, relation: type, a: Any, b: Any) -> bool:
+    return static_truth(env, relation, a, b) is True
+
+
+def static_truth(env: Any, relation: type, a: Any, b: Any) -> bool | None:
+    """``relation(a, b)`` (``sympy.Eq``, ``Ne``, ``Lt``, ...; sympy expressions) as the ShapeEnv's
+    ranges decide it without a guard: True, False, or None where they do not (or cannot simplify it,
+    as torch's ``statically_known_true`` reads that).
+
+    A propagation keeps the answers, by the expressions: a model asks the same few relations of
+    every layer (``Eq(s1, 1)`` of every view), and building a sympy relation costs more than looking
+    the answer up. A decided answer stays decided as the ShapeEnv learns more; an open one is asked
+    again once it has learned something."""
+    if env is None:
+        return None
+    session = ambient.symbols()
+    answers = session.static_truths if session is not None and session.env is env else None
+    key = (relation, a, b)
+    if answers is not None:
+        found = answers.get(key)
+        if found is not None and (found[1] is not None or found[0] == torch_compat.shape_env_version(env)):
+            return found[1]
+    answer = _evaluated(env, relation(a, b))
+    if answers is not None:
+        answers[key] = (torch_compat.shape_env_version(env), answer)
+    return answer
+
+
+def _evaluated(env: Any, relation: Any) -> bool | None:
     if relation is sympy.true or relation is sympy.false:
         return bool(relation)
-    if env is None:
-        return False
     try:
-        return bool(torch_compat.evaluate_statically(env, relation))
+        found = torch_compat.evaluate_statically(env, relation)
     except Exception:  # as torch's statically_known_true: what it cannot simplify is not known
-        return False
+        return None
+    return None if found is None else bool(found)
 
 
 def _shape_env_of(sizes: tuple) -> Any:
