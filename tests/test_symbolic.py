@@ -320,6 +320,27 @@ def test_data_dependent_sizes_flow_on_and_are_never_cached():
         assert "SymInt" not in repr(entry.recipe) and "SymInt" not in repr(key)
 
 
+def test_static_truths_are_kept_for_one_propagation_and_asked_again_once_the_shape_env_learns():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from fxprop.symbolic.session import SymbolicSession
+    from fxprop.symbolic.sizes import static_truth
+    env = ShapeEnv()
+    n = env.create_unbacked_symint()
+    session = SymbolicSession()
+    session.adopt_env(env)
+    with symbolic.scope(session):
+        assert static_truth(env, sympy.Lt, n.node.expr, 10) is None
+        assert static_truth(env, sympy.Eq, n.node.expr, n.node.expr + 1) is False
+        torch._check(n < 10)  # the ShapeEnv learns a range: the open answer must not stay open
+        assert static_truth(env, sympy.Lt, n.node.expr, 10) is True
+        assert len(session.static_truths) == 2
+    other = SymbolicSession()  # another propagation in the same ShapeEnv starts with none kept
+    other.adopt_env(env)
+    with symbolic.scope(other):
+        assert not other.static_truths
+        assert static_truth(env, sympy.Lt, n.node.expr, 10) is True
+
+
 # --- item 4: assumptions and contradictions ----------------------------------------------
 
 def test_view_and_head_split_record_divisibility():
