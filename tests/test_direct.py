@@ -245,6 +245,86 @@ def test_symbolic_elementwise_results_lay_out_as_real_execution_where_the_ranges
                for a, b in zip((*ours.shape, *ours.stride()), (*theirs.shape, *theirs.stride())))
 
 
+_ITERATED_ON_STAND_INS = {  # elementwise ops without a rule of their own, over views of two (B, T, 8, 4) inputs
+    "gelu_backward": lambda x, y: aten.gelu_backward(x.transpose(1, 2), y.transpose(1, 2)),
+    "gelu_backward, tanh": lambda x, y: aten.gelu_backward(x.transpose(1, 2), y.transpose(1, 2), approximate="tanh"),
+    "threshold_backward (self first)": lambda x, y: aten.threshold_backward(x.transpose(1, 2), y.permute(0, 2, 1, 3), 0.0),
+    "native_dropout_backward of a bool mask": lambda x, y: aten.native_dropout_backward(x.transpose(1, 2),
+                                                                                       y.transpose(1, 2) > 0, 2.0),
+    "pow of a number": lambda x, y: x.transpose(1, 2) ** 2,
+    "pow of integers to a float": lambda x, y: x.long().transpose(1, 2) ** 0.5,
+    "minimum": lambda x, y: torch.minimum(x.transpose(1, 2), y.transpose(1, 2)),
+    "clamp": lambda x, y: torch.clamp(x.permute(0, 2, 3, 1), -0.5, 0.5),
+    "sigmoid_backward": lambda x, y: aten.sigmoid_backward(x.transpose(0, 1), y.transpose(0, 1)),
+    "silu_backward of a broadcast": lambda x, y: aten.silu_backward(x[:, :1], y),
+    "isnan": lambda x, y: torch.isnan(x.transpose(1, 2)),
+    "lerp": lambda x, y: torch.lerp(x.transpose(1, 2), y.transpose(1, 2), 0.3),
+    "addcmul of three": lambda x, y: torch.addcmul(x.transpose(1, 2), y.transpose(1, 2), x[:, :1].transpose(1, 2)),
+    "atan2": lambda x, y: torch.atan2(x.transpose(1, 2), y.transpose(1, 2)),
+    "hypot of float16": lambda x, y: torch.hypot(x.half().permute(0, 2, 3, 1), y.half().permute(0, 2, 3, 1)),
+}
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (5, 2)])
+@pytest.mark.parametrize("name", sorted(_ITERATED_ON_STAND_INS))
+def test_elementwise_results_of_symbolic_sizes_from_stand_ins_equal_real_execution_and_the_meta_kernels(
+        name, sizes, monkeypatch):
+    """`fxprop.kinds.iterated`: the dtype from the kernel on one-element stand-ins, the layout
+    TensorIterator's, for every elementwise op: as the CPU lays the result out at the traced sizes,
+    and, where the meta kernel lays it out as the CPU does (``native_dropout_backward``'s does not),
+    as the meta kernel does for every value of the symbols."""
+    from fxprop.kinds import iterated, meta
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    fn = _ITERATED_ON_STAND_INS[name]
+    x, y = torch.randn(*sizes, 8, 4), torch.randn(*sizes, 8, 4)
+    batch, seq = torch.export.Dim("B", min=2, max=64), torch.export.Dim("T", min=2, max=64)
+    program = torch.export.export(_Iterated(fn), (x, y), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    taken = []
+
+    def spy(op, args, kwargs):
+        taken.append(iterated.iterated_result(op, args, kwargs))
+        return taken[-1]
+    monkeypatch.setattr(meta, "iterated_result", spy)
+    iterated._results_on_stand_ins.clear()
+    ours = torch.utils._pytree.tree_leaves(fxprop.propagate(program))
+    assert any(found is not None for found in taken), "the stand-ins were not asked"
+
+    def hint(size):
+        return size.node.hint if isinstance(size, torch.SymInt) else size
+
+    real = torch.utils._pytree.tree_leaves(fn(x, y))
+    assert [([hint(size) for size in t.shape], [hint(stride) for stride in t.stride()], t.dtype) for t in ours] == \
+           [(list(t.shape), list(t.stride()), t.dtype) for t in real]
+    monkeypatch.setattr(meta, "iterated_result", lambda op, args, kwargs: None)
+    theirs = torch.utils._pytree.tree_leaves(fxprop.propagate(program))
+    for a, b, c in zip(ours, theirs, real):
+        assert a.dtype == b.dtype and not a._is_view()
+        assert [hint(stride) for stride in b.stride()] != list(c.stride()) or all(statically_known_true(p == q) if isinstance(p, torch.SymInt) else p == q
+                   for p, q in zip((*a.shape, *a.stride()), (*b.shape, *b.stride())))
+
+
+def test_elementwise_stand_ins_refused_leave_the_refusal_to_the_kernel():
+    """Integers to a negative power: the stand-ins are refused, so the meta kernel runs on the call and
+    fxprop refuses it as real execution does; a symbolic number argument is never put to the stand-ins."""
+    x = torch.randint(0, 5, (3, 4))
+    program = torch.export.export(_Iterated(lambda x, y: x.transpose(0, 1) ** -1), (x, x),
+                                  dynamic_shapes=({0: torch.export.Dim("B", min=2)}, {0: torch.export.Dim("B", min=2)}))
+    with pytest.raises(RuntimeError):
+        x.transpose(0, 1) ** -1
+    with pytest.raises(fxprop.PropagationError) as refused:
+        fxprop.propagate(program)
+    assert refused.value.error_type is RuntimeError
+    from fxprop.kinds import iterated
+    symbolic_number = torch.export.export(_Iterated(lambda x, y: aten.mul.Scalar(x.transpose(0, 1), x.shape[0])),
+                                          (x.float(), x.float()), dynamic_shapes=({0: torch.export.Dim("B", min=2)},
+                                                                                  {0: torch.export.Dim("B", min=2)}))
+    before = dict(iterated._results_on_stand_ins)
+    out = fxprop.propagate(symbolic_number)
+    assert out.shape[1].node.expr == symbolic_number.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0].node.expr
+    assert not any(isinstance(v, torch.SymInt) for key in set(iterated._results_on_stand_ins) - set(before)
+                   for v in torch.utils._pytree.tree_leaves(key))
+
+
 @pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL) - set(direct._VIEWS), key=str))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_in_place_forms(op, dtype):

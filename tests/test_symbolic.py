@@ -333,11 +333,11 @@ def test_static_truths_are_kept_for_one_propagation_and_asked_again_once_the_sha
         assert static_truth(env, sympy.Eq, n.node.expr, n.node.expr + 1) is False
         torch._check(n < 10)  # the ShapeEnv learns a range: the open answer must not stay open
         assert static_truth(env, sympy.Lt, n.node.expr, 10) is True
-        assert len(session.static_truths) == 2
+        assert len(session.memos["static truths"]) == 2
     other = SymbolicSession()  # another propagation in the same ShapeEnv starts with none kept
     other.adopt_env(env)
     with symbolic.scope(other):
-        assert not other.static_truths
+        assert not other.memos
         assert static_truth(env, sympy.Lt, n.node.expr, 10) is True
 
 

@@ -147,7 +147,7 @@ def _shape(operand: Any) -> tuple:
 class _StaticSizes:
     """Sizes that are ints: compared as they are, tensors checked by torch."""
 
-    eq, lt = staticmethod(operator.eq), staticmethod(operator.lt)
+    eq, lt, times = staticmethod(operator.eq), staticmethod(operator.lt), staticmethod(operator.mul)
 
     @staticmethod
     def contiguous(tensor: torch.Tensor) -> bool:
@@ -173,7 +173,7 @@ class _SymbolicSizes:
     on sizes that are never 0."""
 
     def __init__(self, sizes: DecidedSizes):
-        self.eq, self.lt = sizes.eq, sizes.lt
+        self.eq, self.lt, self.times = sizes.eq, sizes.lt, sizes.times
 
     def contiguous(self, tensor: torch.Tensor) -> bool:
         return self._dense_in(tensor, range(tensor.dim() - 1, -1, -1))
@@ -188,7 +188,7 @@ class _SymbolicSizes:
                 continue
             if not self.eq(strides[dim], expected):
                 return False
-            expected = expected * shape[dim]
+            expected = self.times(expected, shape[dim])
         return True
 
     def dense(self, tensor: torch.Tensor) -> bool:
@@ -208,17 +208,16 @@ class _SymbolicSizes:
                 return True
             if not self.eq(strides[dim], expected):
                 return False
-            expected = expected * shape[dim]
+            expected = self.times(expected, shape[dim])
         return True
 
-    @staticmethod
-    def contiguous_strides(shape: tuple) -> tuple:
+    def contiguous_strides(self, shape: tuple) -> tuple:
         # plain products, as torch.empty makes them: the sizes are decided non-zero, so no sym_max(size, 1)
         # as in `fxprop.symbolic.contiguous_strides`
         strides, running = [], 1
         for size in reversed(shape):
             strides.append(running)
-            running = running * size
+            running = self.times(running, size)
         return tuple(reversed(strides))
 
 
@@ -314,7 +313,7 @@ def _reordered_strides(shape: tuple, strides: list[tuple], sizes: Any) -> tuple:
     next_stride = 1
     for dim in perm:
         result[dim] = next_stride
-        next_stride *= shape[dim]
+        next_stride = sizes.times(next_stride, shape[dim])
     return tuple(result)
 
 
@@ -379,6 +378,19 @@ def _iterated(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> Any:
     laid_out = tuple(out if out.stride() == strides or out.shape != outputs[0].shape
                      else out.new_empty_strided(out.shape, strides) for out in outputs)
     return laid_out if isinstance(result, tuple) else laid_out[0]
+
+
+def plainly_iterated_operands(op: OpOverload, args: tuple, kwargs: dict) -> list | None:
+    """The operands over which TensorIterator lays ``op``'s result out as `relayout` lays out a
+    static one with nothing particular to the op: no layout the kernel chooses itself, no complex
+    operand, nothing cast before iterating. None for any other call."""
+    if op in _ALLOCATED_CONTIGUOUS or op in _CONTIGUOUS or op is _ISINF or op is _ROT90 or \
+            _allocated_like_self(op, args, kwargs):
+        return None
+    operands = operands_of(op, args, kwargs)
+    if not operands or any(isinstance(operand, torch.Tensor) and operand.is_complex() for operand in operands):
+        return None
+    return operands if _cast_on_the_host(op, operands) is operands else None
 
 
 def kept_dense_strides(self: torch.Tensor, result: torch.Tensor) -> torch.Tensor:

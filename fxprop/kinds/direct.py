@@ -25,12 +25,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import sympy
 import torch
 
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
-from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes, has_symbolic_sizes,
-                            make_channels_last_2d_strides_for,
+from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
+                            has_symbolic_sizes, make_channels_last_2d_strides_for,
                             make_channels_last_3d_strides_for, make_contiguous_strides_for)
 
 aten = torch.ops.aten
@@ -131,13 +132,47 @@ def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterat
     decides that layout. ``casts``: the CPU's iterator first casts an operand to the common dtype."""
     if not any(has_symbolic_sizes(tensor) for tensor in tensors):
         return torch.empty(shape, dtype=dtype, device="meta")  # laid out by `fxprop.aten.layout.relayout`
-    if all(_same_sizes(tensor.shape, shape) and known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format)
-           for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
+    full = [tensor for tensor in tensors if _same_sizes(tensor.shape, shape)]
+    if len(full) == len(tensors) and all(known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format)
+                                         for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
+        like = next((tensor for tensor in full if _contiguous_as_torch_empty_strides_it(tensor)), None)
+        if like is not None:
+            return _dense(shape, like.stride(), dtype, like.numel())
         return torch.empty(shape, dtype=dtype, device="meta")
     if casts:
         return None  # a cast copy's layout (`fxprop.aten.layout`) is left to the meta kernel
     strides = decided_tensor_iterator_strides(shape, iterated or tensors)
-    return None if strides is None else torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+    if strides is None:
+        return None
+    return _dense(shape, strides, dtype, full[0].numel() if full else None)
+
+
+def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's strides are, as expressions, the row-major products ``torch.empty`` gives its sizes."""
+    running = sympy.Integer(1)
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride())):
+        if _expression(stride) != running:
+            return False
+        running = running * _expression(size)
+    return True
+
+
+def _expression(size: Any) -> Any:
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def _dense(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
+    """A fresh meta tensor of symbolic ``shape`` and dense ``strides`` (every size at least 1), over a
+    flat storage of its elements: ``empty_strided`` computes a storage's extent in SymInt arithmetic,
+    dims times over, where the flat one takes the count of elements (``numel``, an operand's where
+    one has the shape)."""
+    if numel is None:
+        numel = 1
+        for size in shape:
+            numel = numel * size
+    flat = torch.empty((numel,), dtype=dtype, device="meta")
+    with below_autograd_views():
+        return flat.as_strided(shape, strides)
 
 
 def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tuple) -> torch.dtype:
@@ -352,8 +387,8 @@ def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or not has_symbolic_sizes(input) or \
             type(p) not in (int, float) or not 0 <= p <= 1 or not decided_dense(input):
         return None
-    return (torch.empty_strided(input.shape, input.stride(), dtype=input.dtype, device="meta"),
-            torch.empty_strided(input.shape, input.stride(), dtype=torch.bool, device="meta"))
+    return (_dense(input.shape, input.stride(), input.dtype, input.numel()),
+            _dense(input.shape, input.stride(), torch.bool, input.numel()))
 
 
 def _in_place_of(functional: Any) -> Callable[..., Any]:

@@ -11,6 +11,7 @@ from ..aten import layout
 from ..aten.view_strides import VIEWS, as_aten_views, plain_view, remembered_view
 from ..engine.blame import boundary
 from .direct import direct_result
+from .iterated import iterated_result
 from ..aten.in_place import check_writes_into_self
 from ..torch_compat import OpOverload, call_kernel, meta_kernel_takes_no_outs
 
@@ -33,6 +34,8 @@ def _view(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 def _laid_out_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
     result = direct_result(op, args, kwargs)
+    if result is None and symbolic.current().active:
+        result = iterated_result(op, args, kwargs)
     if result is None and meta_kernel_takes_no_outs(op):  # its python Meta kernel refuses every out= call
         result = call_kernel(op, "CompositeExplicitAutograd", *args, **kwargs)
     elif result is None:

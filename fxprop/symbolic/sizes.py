@@ -5,7 +5,7 @@ Sizes are ints, SymInts or sympy expressions; nothing here installs a guard in a
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import sympy
 import torch
@@ -137,6 +137,8 @@ class DecidedSizes:
 
     def __init__(self, sizes: Iterable[Any]):
         self.env = _shape_env_of(tuple(sizes))
+        self._truths = propagation_memo(self.env, "static truths")
+        self._products = propagation_memo(self.env, "products")
 
     def eq(self, a: Any, b: Any) -> bool:
         if type(a) is int and type(b) is int:
@@ -150,10 +152,18 @@ class DecidedSizes:
         a, b = _as_sympy(a), _as_sympy(b)
         return self._decide(sympy.Lt, sympy.Ge, a, b)
 
+    def times(self, a: Any, b: Any) -> Any:
+        """``a * b`` in SymInt arithmetic, kept for the propagation by the expressions: the strides
+        of one layout are the same products, layer after layer."""
+        if (type(a) is int and type(b) is int) or self.env is None:
+            return a * b
+        return kept(self._products, self.env, (_as_sympy(a), _as_sympy(b)), lambda: a * b)
+
     def _decide(self, relation: type, negation: type, a: Any, b: Any) -> bool:
-        if _known(self.env, relation, a, b):
+        env, truths = self.env, self._truths
+        if kept(truths, env, (relation, a, b), lambda: _evaluated(env, relation(a, b))) is True:
             return True
-        if _known(self.env, negation, a, b):
+        if kept(truths, env, (negation, a, b), lambda: _evaluated(env, negation(a, b))) is True:
             return False
         raise Undecided(relation(a, b))
 
@@ -170,24 +180,37 @@ def _known(env: Any, relation: type, a: Any, b: Any) -> bool:
 def static_truth(env: Any, relation: type, a: Any, b: Any) -> bool | None:
     """``relation(a, b)`` (``sympy.Eq``, ``Ne``, ``Lt``, ...; sympy expressions) as the ShapeEnv's
     ranges decide it without a guard: True, False, or None where they do not (or cannot simplify it,
-    as torch's ``statically_known_true`` reads that).
-
-    A propagation keeps the answers, by the expressions: a model asks the same few relations of
-    every layer (``Eq(s1, 1)`` of every view), and building a sympy relation costs more than looking
-    the answer up. A decided answer stays decided as the ShapeEnv learns more; an open one is asked
-    again once it has learned something."""
+    as torch's ``statically_known_true`` reads that). A model asks the same few relations of every
+    layer (``Eq(s1, 1)`` of every view), and building a sympy relation costs more than looking the
+    answer up: the propagation keeps them (`kept_for_the_propagation`)."""
     if env is None:
         return None
+    return kept_for_the_propagation(env, "static truths", (relation, a, b), lambda: _evaluated(env, relation(a, b)))
+
+
+def kept_for_the_propagation(env: Any, memo: str, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, a fact of sizes in ``env`` that is None where the ShapeEnv leaves it open, kept in
+    the propagation in progress's ``memo`` by ``key`` (`kept`)."""
+    return kept(propagation_memo(env, memo), env, key, compute)
+
+
+def propagation_memo(env: Any, memo: str) -> dict | None:
+    """The propagation in progress's ``memo`` of facts of sizes in ``env``; None outside a propagation
+    or for another ShapeEnv. Never kept across propagations: what one learned is not another's first sight."""
     session = ambient.symbols()
-    answers = session.static_truths if session is not None and session.env is env else None
-    key = (relation, a, b)
-    if answers is not None:
-        found = answers.get(key)
-        if found is not None and (found[1] is not None or found[0] == torch_compat.shape_env_version(env)):
-            return found[1]
-    answer = _evaluated(env, relation(a, b))
-    if answers is not None:
-        answers[key] = (torch_compat.shape_env_version(env), answer)
+    return session.memos.setdefault(memo, {}) if env is not None and session is not None and session.env is env else None
+
+
+def kept(memo: dict | None, env: Any, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` kept in ``memo`` by ``key``. A decided answer (not None) stays decided as the
+    ShapeEnv learns more; an open one is computed again once it has learned something."""
+    if memo is None:
+        return compute()
+    found = memo.get(key)
+    if found is not None and (found[1] is not None or found[0] == torch_compat.shape_env_version(env)):
+        return found[1]
+    answer = compute()
+    memo[key] = (torch_compat.shape_env_version(env), answer)
     return answer
 
 
