@@ -85,10 +85,10 @@ def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
     if any(dtype.is_complex for dtype in dtypes) or (op in _NEVER_ON_BOOLS and torch.bool in dtypes) or (
             op in _NEVER_ON_FLOATS and any(dtype.is_floating_point for dtype in dtypes)):
         return None
-    shape = _plain_broadcast([tensor.shape for tensor in tensors])
+    shape = plain_broadcast([tensor.shape for tensor in tensors])
     if shape is None:
         return None
-    return _elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), tensors, iterated=args,
+    return elementwise_result(shape, _binary_dtype(_BINARY[op], dtypes, args), tensors, iterated=args,
                                casts=len(dtypes) > 1)
 
 
@@ -99,8 +99,8 @@ def where(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
     if not all(isinstance(tensor, torch.Tensor) for tensor in tensors) or condition.dtype is not torch.bool or \
             input.dtype != other.dtype or input.dtype.is_complex:
         return None
-    shape = _plain_broadcast([tensor.shape for tensor in tensors])
-    return None if shape is None else _elementwise_result(shape, input.dtype, tensors)
+    shape = plain_broadcast([tensor.shape for tensor in tensors])
+    return None if shape is None else elementwise_result(shape, input.dtype, tensors)
 
 
 def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None:
@@ -116,16 +116,16 @@ def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None
 def unary_float(input: Any) -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
         return None
-    return _elementwise_result(input.shape, input.dtype, (input,))
+    return elementwise_result(input.shape, input.dtype, (input,))
 
 
 def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or approximate not in _GELU_APPROXIMATIONS:
         return None
-    return _elementwise_result(input.shape, input.dtype, (input,))
+    return elementwise_result(input.shape, input.dtype, (input,))
 
 
-def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterated: tuple = (),
+def elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterated: tuple = (),
                         casts: bool = False) -> torch.Tensor | None:
     """A result of ``shape`` and ``dtype``; with symbolic sizes laid out as TensorIterator lays it out over
     ``iterated`` (the tensors, and a python number as the wrapped scalar it becomes), where the ShapeEnv
@@ -137,14 +137,14 @@ def _elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterat
                                          for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
         like = next((tensor for tensor in full if _contiguous_as_torch_empty_strides_it(tensor)), None)
         if like is not None:
-            return _dense(shape, like.stride(), dtype, like.numel())
+            return dense_result(shape, like.stride(), dtype, like.numel())
         return torch.empty(shape, dtype=dtype, device="meta")
     if casts:
         return None  # a cast copy's layout (`fxprop.aten.layout`) is left to the meta kernel
     strides = decided_tensor_iterator_strides(shape, iterated or tensors)
     if strides is None:
         return None
-    return _dense(shape, strides, dtype, full[0].numel() if full else None)
+    return dense_result(shape, strides, dtype, full[0].numel() if full else None)
 
 
 def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
@@ -161,7 +161,7 @@ def _expression(size: Any) -> Any:
     return size.node.expr if isinstance(size, torch.SymInt) else size
 
 
-def _dense(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
+def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
     """A fresh meta tensor of symbolic ``shape`` and dense ``strides`` (every size at least 1), over a
     flat storage of its elements: ``empty_strided`` computes a storage's extent in SymInt arithmetic,
     dims times over, where the flat one takes the count of elements (``numel``, an operand's where
@@ -185,7 +185,7 @@ def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tupl
     return elementwise_dtypes(*args, type_promotion_kind=kind)[1]
 
 
-def _plain_broadcast(shapes: list) -> tuple | None:
+def plain_broadcast(shapes: list) -> tuple | None:
     """The broadcast of ``shapes`` where every pair of sizes is equal or 1 on sight (the same
     expression, for symbolic sizes); None where anything would need deciding or fails."""
     rank = max(len(shape) for shape in shapes)
@@ -318,7 +318,7 @@ def addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> 
     product = mm(mat1, mat2)
     if product is None or _one_float(self, mat1) is None or self.dim() > 2:
         return None
-    shape = _plain_broadcast([self.shape, product.shape])
+    shape = plain_broadcast([self.shape, product.shape])
     return product if shape is not None and _same_sizes(shape, tuple(product.shape)) else None
 
 
@@ -387,8 +387,8 @@ def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or not has_symbolic_sizes(input) or \
             type(p) not in (int, float) or not 0 <= p <= 1 or not decided_dense(input):
         return None
-    return (_dense(input.shape, input.stride(), input.dtype, input.numel()),
-            _dense(input.shape, input.stride(), torch.bool, input.numel()))
+    return (dense_result(input.shape, input.stride(), input.dtype, input.numel()),
+            dense_result(input.shape, input.stride(), torch.bool, input.numel()))
 
 
 def _in_place_of(functional: Any) -> Callable[..., Any]:

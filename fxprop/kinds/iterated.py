@@ -24,7 +24,7 @@ import torch
 
 from ..aten.layout import plainly_iterated_operands
 from ..torch_compat import OpOverload, has_symbolic_sizes
-from .direct import _dense, _elementwise_result, _plain_broadcast
+from .direct import dense_result, elementwise_result, plain_broadcast
 
 _results_on_stand_ins: dict[tuple, tuple[bool, tuple[torch.dtype, ...]]] = {}
 """Whether an op returns a tuple and its outputs' dtypes, by `_stand_in_key`."""
@@ -41,19 +41,19 @@ def iterated_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         return None
     if _symbolic_number((args, kwargs)):
         return None  # the kernel would compute with it, and may decide something about it
-    shape = _plain_broadcast([tensor.shape for tensor in tensors])
+    shape = plain_broadcast([tensor.shape for tensor in tensors])
     if shape is None:
         return None
     found = _on_stand_ins(op, args, kwargs, len(shape))
     if found is None:
         return None
     is_tuple, dtypes = found
-    first = _elementwise_result(shape, dtypes[0], tuple(tensors), iterated=tuple(operands))
+    first = elementwise_result(shape, dtypes[0], tuple(tensors), iterated=tuple(operands))
     if first is None:
         return None
     if not is_tuple:
         return first
-    return (first, *(_dense(shape, first.stride(), dtype, first.numel()) for dtype in dtypes[1:]))
+    return (first, *(dense_result(shape, first.stride(), dtype, first.numel()) for dtype in dtypes[1:]))
 
 
 def _on_stand_ins(op: OpOverload, args: tuple, kwargs: dict, rank: int) -> tuple[bool, tuple] | None:

@@ -40,7 +40,7 @@ class SymbolicSession:
         self._assumed_before: tuple[int, set] = (0, set())  # guards and asserts the ShapeEnv held before
         self._held_apart: list = []  # decisions taken in a caller's ShapeEnv, kept out of it
         self._decided: dict = {}  # relation -> (facts then, what `decide` found)
-        self.memos: dict[str, dict] = {}  # facts of sizes, by memo and key (`sizes.kept_for_the_propagation`)
+        self.memos: dict[str, dict] = {}  # facts of sizes, by memo and key (`sizes.propagation_memo`)
 
     def start(self):
         if self is _INACTIVE:

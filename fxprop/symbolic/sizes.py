@@ -182,16 +182,10 @@ def static_truth(env: Any, relation: type, a: Any, b: Any) -> bool | None:
     ranges decide it without a guard: True, False, or None where they do not (or cannot simplify it,
     as torch's ``statically_known_true`` reads that). A model asks the same few relations of every
     layer (``Eq(s1, 1)`` of every view), and building a sympy relation costs more than looking the
-    answer up: the propagation keeps them (`kept_for_the_propagation`)."""
+    answer up: the propagation keeps them (`propagation_memo`)."""
     if env is None:
         return None
-    return kept_for_the_propagation(env, "static truths", (relation, a, b), lambda: _evaluated(env, relation(a, b)))
-
-
-def kept_for_the_propagation(env: Any, memo: str, key: Any, compute: Callable[[], Any]) -> Any:
-    """``compute()``, a fact of sizes in ``env`` that is None where the ShapeEnv leaves it open, kept in
-    the propagation in progress's ``memo`` by ``key`` (`kept`)."""
-    return kept(propagation_memo(env, memo), env, key, compute)
+    return kept(propagation_memo(env, "static truths"), env, (relation, a, b), lambda: _evaluated(env, relation(a, b)))
 
 
 def propagation_memo(env: Any, memo: str) -> dict | None:
