@@ -12,7 +12,9 @@ by the dtypes, ranks and arguments that decide them.
 
 The shortcut is taken only where every answer is plain: sizes that broadcast equal-or-1 on sight, a
 layout the ShapeEnv's ranges decide (`fxprop.aten.layout.decided_tensor_iterator_strides`), nothing
-cast before iterating, no complex operand, every tensor of the call an operand and every output of
+cast before iterating (on the CPU an operand of another dtype than the common one is iterated as a
+dense copy: operands of several dtypes take the shortcut only where every one is dense already), no
+complex operand, every tensor of the call an operand and every output of
 the broadcast's rank. Anything else, and any call the stand-ins are refused, runs the meta kernel,
 which checks and raises as before.
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..aten.layout import plainly_iterated_operands
+from ..aten.layout import decided_dense, plainly_iterated_operands
 from ..torch_compat import OpOverload, has_symbolic_sizes
 from .direct import dense_result, elementwise_result, plain_broadcast
 
@@ -41,6 +43,8 @@ def iterated_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
         return None
     if _symbolic_number((args, kwargs)):
         return None  # the kernel would compute with it, and may decide something about it
+    if len({tensor.dtype for tensor in tensors}) > 1 and not all(decided_dense(tensor) for tensor in tensors):
+        return None  # an operand of another dtype is iterated as its cast copy, laid out densely
     shape = plain_broadcast([tensor.shape for tensor in tensors])
     if shape is None:
         return None
@@ -86,7 +90,8 @@ def _stand_ins(value: Any) -> Any:
 
 def _stand_in_key(op: OpOverload, args: tuple, kwargs: dict) -> tuple | None:
     """What the stand-ins' answer depends on: the op, each tensor's dtype and rank, every other
-    argument by its type and value; None where a value cannot be a key."""
+    argument by its type and value, and the default dtype (an integer input's floating result);
+    None where a value cannot be a key."""
     def summary(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return (torch.Tensor, value.dtype, value.dim())
@@ -94,7 +99,8 @@ def _stand_in_key(op: OpOverload, args: tuple, kwargs: dict) -> tuple | None:
             return (type(value), tuple(summary(item) for item in value))
         return (type(value), value)
     try:
-        key = (op, summary(args), tuple(sorted((name, summary(value)) for name, value in kwargs.items())))
+        key = (op, torch.get_default_dtype(), summary(args),
+               tuple(sorted((name, summary(value)) for name, value in kwargs.items())))
         hash(key)
     except TypeError:
         return None
