@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 from ..engine import session as context
-from ..symbolic.sizes import DecidedSizes, Undecided
+from ..symbolic.sizes import DecidedSizes, Undecided, kept, propagation_memo
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes,
                             is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
                             make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
@@ -70,6 +70,9 @@ _TENSOR_ITERATOR_OPERANDS: dict[Any, tuple[str, ...]] = {
     aten._prelu_kernel_backward.default: ("self", "weight", "grad_output"),
     aten.polar.default: ("abs", "angle"),
     aten.complex.default: ("real", "imag"),
+    # composite: where.self over the condition, self and other, the scalar wrapped as a 0-dim tensor
+    aten.where.ScalarOther: ("condition", "self", "other"),
+    aten.where.ScalarSelf: ("condition", "self", "other"),
 }
 
 # Kernels that allocate their result contiguous before writing into it, on every device:
@@ -257,12 +260,22 @@ def decided_tensor_iterator_strides(shape: Sequence[Any], operands: Sequence[Any
     symbols; None where one is left open or a size may be 0."""
     tensors = [operand for operand in operands if isinstance(operand, torch.Tensor)]
     decided = DecidedSizes(size for tensor in tensors for size in (*tensor.shape, *tensor.stride()))
-    try:
-        if any(decided.lt(size, 1) for size in (*shape, *(size for tensor in tensors for size in tensor.shape))):
+
+    def strides() -> tuple | None:
+        try:
+            if any(decided.lt(size, 1) for size in (*shape, *(size for tensor in tensors for size in tensor.shape))):
+                return None
+            return tensor_iterator_strides(shape, operands, _SymbolicSizes(decided))
+        except Undecided:
             return None
-        return tensor_iterator_strides(shape, operands, _SymbolicSizes(decided))
-    except Undecided:
-        return None
+    # a model iterates alike over operands of the same geometry in every layer
+    geometry = (_expressions(shape), *(_expressions((*operand.shape, None, *operand.stride()))
+                                       if isinstance(operand, torch.Tensor) else None for operand in operands))
+    return kept(propagation_memo(decided.env, "tensor iterator strides"), decided.env, geometry, strides)
+
+
+def _expressions(sizes: Sequence[Any]) -> tuple:
+    return tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in sizes)
 
 
 def decided_dense(tensor: torch.Tensor) -> bool:

@@ -120,6 +120,8 @@ class StateView:
 
     def _detached(self, item: Any) -> Any:
         """``item`` as a shadow holds it: tensors as meta stand-ins, modules as shadows, containers copied."""
+        if type(item) in _PLAIN_STATE:
+            return item
         if isinstance(item, torch.Tensor):
             return self.tensor(item)
         if isinstance(item, nn.Module):
@@ -133,7 +135,9 @@ class StateView:
             return found
         self._keepalive.append(item)
         if isinstance(item, dict):
-            copied = self._copies[id(item)] = copy.copy(item)
+            # the dict types modules hold (hook dicts are OrderedDicts) copy themselves, type and
+            # default factory kept, without copy.copy's reduce-and-rebuild
+            copied = self._copies[id(item)] = item.copy() if type(item) in _SELF_COPYING_DICTS else copy.copy(item)
             for key, part in item.items():
                 copied[key] = self._detached(part)
             return copied
@@ -236,6 +240,7 @@ class StateView:
 
 
 _PLAIN_STATE = frozenset({bool, int, float, str, type(None)})
+_SELF_COPYING_DICTS = frozenset({dict, collections.OrderedDict, collections.defaultdict, collections.Counter})
 
 
 def _is_container(item: Any) -> bool:

@@ -1,7 +1,8 @@
 """Results of the commonest ops computed directly, where their python meta kernels are slow.
 
-``add``, ``mul``, ``gelu``, ``addmm``, ``native_layer_norm``, inference batch norm, their
-in-place forms (``relu_``, ``add_``) and the views that only rearrange sizes and strides
+``add``, ``mul``, ``gelu``, ``where``, ``addmm``, ``native_layer_norm``, inference batch norm,
+dtype conversions (``_to_copy``), their in-place forms (``relu_``, ``add_``) and the views that
+only rearrange sizes and strides
 (``transpose``, ``permute``, ``unsqueeze``, ``expand``) are most of a model's ops. Their meta
 kernels are torch's python references and decompositions: hundreds of microseconds to
 milliseconds a call, each of their parts dispatched again. What they compute is simple: a
@@ -31,7 +32,7 @@ import torch
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, make_channels_last_2d_strides_for,
+                            has_symbolic_sizes, is_non_overlapping_and_dense, make_channels_last_2d_strides_for,
                             make_channels_last_3d_strides_for, make_contiguous_strides_for)
 
 aten = torch.ops.aten
@@ -103,12 +104,33 @@ def where(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
     return None if shape is None else elementwise_result(shape, input.dtype, tensors)
 
 
+def where_scalar_other(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
+    """``where(condition, input, number)`` of a floating tensor, which a python number does not promote."""
+    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or type(other) not in (int, float):
+        return None
+    return _where_with_a_number(condition, input, (condition, input, other))
+
+
+def where_scalar_self(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
+    """``where(condition, number, other)``, as `where_scalar_other`."""
+    if not isinstance(other, torch.Tensor) or other.dtype not in _FLOATS or type(input) not in (int, float):
+        return None
+    return _where_with_a_number(condition, other, (condition, input, other))
+
+
+def _where_with_a_number(condition: Any, tensor: torch.Tensor, iterated: tuple) -> torch.Tensor | None:
+    if not isinstance(condition, torch.Tensor) or condition.dtype is not torch.bool:
+        return None
+    shape = plain_broadcast([condition.shape, tensor.shape])
+    return None if shape is None else elementwise_result(shape, tensor.dtype, (condition, tensor), iterated=iterated)
+
+
 def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None:
     """``_safe_softmax``: softmax, with rows that are all -inf zeroed by a ``where`` over the softmax's
     result, which every device allocates contiguous (``_softmax``'s structured meta gives no
     strides): contiguous, whatever the input's layout."""
     if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or (dtype is not None and dtype not in _FLOATS) \
-            or _dim(dim, input.dim()) is None:
+            or wrapped_dim(dim, input.dim()) is None:
         return None
     return torch.empty(input.shape, dtype=input.dtype if dtype is None else dtype, device="meta")
 
@@ -132,19 +154,25 @@ def elementwise_result(shape: tuple, dtype: torch.dtype, tensors: tuple, iterate
     decides that layout. ``casts``: the CPU's iterator first casts an operand to the common dtype."""
     if not any(has_symbolic_sizes(tensor) for tensor in tensors):
         return torch.empty(shape, dtype=dtype, device="meta")  # laid out by `fxprop.aten.layout.relayout`
-    full = [tensor for tensor in tensors if _same_sizes(tensor.shape, shape)]
+    full = [tensor for tensor in tensors if same_sizes(tensor.shape, shape)]
     if len(full) == len(tensors) and all(known_laid_out_in(tensor.shape, tensor.stride(), torch.contiguous_format)
                                          for tensor in tensors):  # TensorIterator's fast set-up, whatever an operand's dtype
-        like = next((tensor for tensor in full if _contiguous_as_torch_empty_strides_it(tensor)), None)
-        if like is not None:
-            return dense_result(shape, like.stride(), dtype, like.numel())
-        return torch.empty(shape, dtype=dtype, device="meta")
+        like = next((tensor for tensor in full if _contiguous_as_torch_empty_strides_it(tensor)), full[0])
+        return contiguous_result(like, dtype)
     if casts:
         return None  # a cast copy's layout (`fxprop.aten.layout`) is left to the meta kernel
     strides = decided_tensor_iterator_strides(shape, iterated or tensors)
     if strides is None:
         return None
     return dense_result(shape, strides, dtype, full[0].numel() if full else None)
+
+
+def contiguous_result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous result of ``like``'s sizes: with symbolic sizes over ``like``'s own stride
+    expressions where they are the ones ``torch.empty`` would compute again."""
+    if has_symbolic_sizes(like) and _contiguous_as_torch_empty_strides_it(like):
+        return dense_result(like.shape, like.stride(), dtype, like.numel())
+    return torch.empty(like.shape, dtype=dtype, device="meta")
 
 
 def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
@@ -209,13 +237,13 @@ def _same_size(a: Any, b: Any) -> bool:
     return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and a.node.expr == b.node.expr
 
 
-def _same_sizes(shape: Any, other: tuple) -> bool:
+def same_sizes(shape: Any, other: tuple) -> bool:
     return len(shape) == len(other) and all(_same_size(a, b) for a, b in zip(shape, other))
 
 
 # --- views that decide nothing ------------------------------------------------------------------
 
-def _dim(dim: Any, rank: int) -> int | None:
+def wrapped_dim(dim: Any, rank: int) -> int | None:
     """``dim`` wrapped into ``range(rank)``; None where torch refuses it (the meta kernel raises)."""
     if type(dim) is not int or not -max(rank, 1) <= dim < max(rank, 1):
         return None
@@ -229,7 +257,7 @@ def _viewed(input: torch.Tensor, sizes: list, strides: list) -> torch.Tensor:
 def transpose(input: Any, dim0: Any, dim1: Any) -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor) or input.dim() == 0:
         return None
-    first, second = _dim(dim0, input.dim()), _dim(dim1, input.dim())
+    first, second = wrapped_dim(dim0, input.dim()), wrapped_dim(dim1, input.dim())
     if first is None or second is None:
         return None
     sizes, strides = list(input.shape), list(input.stride())
@@ -247,7 +275,7 @@ def t(input: Any) -> torch.Tensor | None:
 def permute(input: Any, dims: Any) -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor) or not isinstance(dims, (list, tuple)) or len(dims) != input.dim():
         return None
-    wrapped = [_dim(dim, input.dim()) for dim in dims]
+    wrapped = [wrapped_dim(dim, input.dim()) for dim in dims]
     if None in wrapped or sorted(wrapped) != list(range(input.dim())) or input.dim() == 0:
         return None
     sizes, strides = input.shape, input.stride()
@@ -257,7 +285,7 @@ def permute(input: Any, dims: Any) -> torch.Tensor | None:
 def unsqueeze(input: Any, dim: Any) -> torch.Tensor | None:
     if not isinstance(input, torch.Tensor):
         return None
-    at = _dim(dim, input.dim() + 1)
+    at = wrapped_dim(dim, input.dim() + 1)
     if at is None:
         return None
     sizes, strides = list(input.shape), list(input.stride())
@@ -294,7 +322,7 @@ def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | N
 
 # --- matrix products and normalization -------------------------------------------------------
 
-def _one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
+def one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
     """The one floating dtype of ``tensors`` (all with static sizes, if ``static``), else None."""
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or (static and any(has_symbolic_sizes(t) for t in tensors)):
@@ -306,7 +334,7 @@ def _one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
 def mm(self: Any, mat2: Any) -> torch.Tensor | None:
     if not (isinstance(self, torch.Tensor) and isinstance(mat2, torch.Tensor)) or self.dim() != 2 or mat2.dim() != 2:
         return None
-    dtype = _one_float(self, mat2)
+    dtype = one_float(self, mat2)
     if dtype is None or not _same_size(self.shape[1], mat2.shape[0]):
         return None
     return torch.empty((self.shape[0], mat2.shape[1]), dtype=dtype, device="meta")
@@ -316,10 +344,10 @@ def addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> 
     if type(beta) not in (int, float) or type(alpha) not in (int, float) or not isinstance(self, torch.Tensor):
         return None
     product = mm(mat1, mat2)
-    if product is None or _one_float(self, mat1) is None or self.dim() > 2:
+    if product is None or one_float(self, mat1) is None or self.dim() > 2:
         return None
     shape = plain_broadcast([self.shape, product.shape])
-    return product if shape is not None and _same_sizes(shape, tuple(product.shape)) else None
+    return product if shape is not None and same_sizes(shape, tuple(product.shape)) else None
 
 
 def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any, eps: Any) -> tuple | None:
@@ -330,13 +358,13 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
     if not isinstance(input, torch.Tensor) or type(eps) not in (int, float) or \
             not all(isinstance(t, torch.Tensor) for t in parameters):
         return None
-    dtype = _one_float(input, *parameters)
+    dtype = one_float(input, *parameters)
     if dtype not in _FULL_PRECISION or not isinstance(normalized_shape, (list, tuple)) or not normalized_shape \
             or not all(type(size) is int for size in normalized_shape):
         return None
     axis = input.dim() - len(normalized_shape)
-    if axis < 0 or not _same_sizes(input.shape[axis:], tuple(normalized_shape)) or \
-            any(not _same_sizes(t.shape, tuple(normalized_shape)) for t in parameters):
+    if axis < 0 or not same_sizes(input.shape[axis:], tuple(normalized_shape)) or \
+            any(not same_sizes(t.shape, tuple(normalized_shape)) for t in parameters):
         return None
     if has_symbolic_sizes(input) and not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
         return None
@@ -357,7 +385,7 @@ def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: An
     per_channel = [t for t in (weight, bias, running_mean, running_var) if t is not None]
     if not all(isinstance(t, torch.Tensor) for t in per_channel) or running_mean is None or running_var is None:
         return None
-    dtype = _one_float(input, *per_channel, static=True)
+    dtype = one_float(input, *per_channel, static=True)
     channels = (input.shape[1],)
     if dtype not in _FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
             input.stride() not in (make_contiguous_strides_for(input.shape), _channels_last_strides(input.shape)):
@@ -391,6 +419,23 @@ def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
             dense_result(input.shape, input.stride(), torch.bool, input.numel()))
 
 
+_CONVERTIBLE = _FLOATS | _INTEGERS | {torch.bool}
+
+
+def to_copy(input: Any, *, dtype: Any = None, memory_format: Any = None, non_blocking: Any = False) -> torch.Tensor | None:
+    """``_to_copy`` to a dtype (or none) of a dense tensor: ``empty_like(self)`` with
+    ``preserve_format`` keeps its strides on every device (the device itself is `fxprop.devices`')."""
+    if not isinstance(input, torch.Tensor) or input.dtype not in _CONVERTIBLE or non_blocking is not False or \
+            memory_format not in (None, torch.preserve_format) or (dtype is not None and dtype not in _CONVERTIBLE):
+        return None
+    dtype = input.dtype if dtype is None else dtype
+    if has_symbolic_sizes(input):
+        return dense_result(input.shape, input.stride(), dtype, input.numel()) if decided_dense(input) else None
+    if not is_non_overlapping_and_dense(input):
+        return None
+    return torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta")
+
+
 def _in_place_of(functional: Any) -> Callable[..., Any]:
     def in_place(*args: Any, **kwargs: Any) -> torch.Tensor | None:
         """``self``, where the functional form has a plain result (which `check_writes_into_self`
@@ -403,6 +448,8 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(binary, op) for op in _BINARY},
     **{op: functools.partial(binary, tensor_form) for op, tensor_form in _SCALAR_FORMS.items()},
     aten.where.self: where,
+    aten.where.ScalarOther: where_scalar_other,
+    aten.where.ScalarSelf: where_scalar_self,
     aten._safe_softmax.default: safe_softmax,
     **dict.fromkeys(_UNARY_FLOAT, unary_float),
     aten.gelu.default: gelu,
@@ -412,6 +459,7 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     aten._native_batch_norm_legit_no_training.default: batch_norm_in_inference,
     aten.native_batch_norm.default: native_batch_norm,
     aten.native_dropout.default: native_dropout,
+    aten._to_copy.default: to_copy,
 }
 # Their in-place forms (t_, unsqueeze_) change self's sizes: they run their kernels.
 _VIEWS: dict[Any, Callable[..., Any]] = {
@@ -437,9 +485,10 @@ def _in_place_forms() -> dict[Any, Callable[..., Any]]:
 DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_VIEWS, **_in_place_forms()}
 
 
-def direct_result(op: Any, args: tuple, kwargs: dict) -> Any:
-    """``op``'s meta result computed directly, or None where its meta kernel must run."""
-    compute = DIRECT.get(op)
+def direct_result(op: Any, args: tuple, kwargs: dict, table: dict[Any, Callable[..., Any]] = DIRECT) -> Any:
+    """``op``'s meta result computed directly (by ``table``'s function for it), or None where its
+    meta kernel must run."""
+    compute = table.get(op)
     if compute is None:
         return None
     try:

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from ..torch_compat import scalar_type_name
+from ..engine import session as context
 from ..resolve.registry import rule
-from ..torch_compat import canonicalize_dim, check, check_index
+from ..symbolic.sizes import known_laid_out_in, resolve
+from ..torch_compat import canonicalize_dim, check, check_index, scalar_type_name
 
 aten = torch.ops.aten
 
@@ -86,6 +87,40 @@ def _softmax_checking_dim(op):
 
 _softmax_checking_dim(aten._softmax.default)
 _softmax_checking_dim(aten._log_softmax.default)
+
+
+def _softmax_backward_checking_operands(op, checks_sizes: bool):
+    """Corrects the softmax backward meta kernels, decompositions that broadcast the grad against the
+    output and give ``input_dtype``: real kernels refuse sizes that differ (softmax's; log softmax's
+    reads the output at the grad's sizes, left to the meta kernel), wrap ``dim`` against the
+    rank, and give a contiguous tensor of the grad's dtype -- half for a float grad of a half
+    softmax. Over an output of elements, they also refuse one of another dtype, and the CPU's
+    that half-to-float backward."""
+    def softmax_backward(grad_output, output, dim, input_dtype):
+        differing = checks_sizes and (grad_output.dim() != output.dim() or any(
+            resolve(size == other, default=True) is False for size, other in zip(grad_output.shape, output.shape)))
+        check(not differing, lambda: f"Expected tensor for argument #1 'grad' to have same size as tensor for argument "
+                                     f"#2 'output'; but {list(grad_output.shape)} does not equal {list(output.shape)}")
+        wrap_dim(dim, grad_output.dim())
+        half_to_float = grad_output.dtype is torch.float32 and input_dtype is torch.float16
+        iterated = resolve(output.numel() != 0, default=True)  # the CPU kernels return early for an empty output
+        device = context.node_device()
+        mismatched = None if not iterated else output.dtype if output.dtype != grad_output.dtype else (
+            input_dtype if half_to_float and device is not None and device.type == "cpu" else None)
+        check(mismatched is None, lambda: f"expected scalar type {scalar_type_name(grad_output.dtype)} but found "
+                                          f"{scalar_type_name(mismatched)}")
+        dtype = input_dtype if half_to_float else grad_output.dtype
+        result = op(grad_output, output, dim, dtype)
+        if result.dtype != dtype:  # an integer grad of no elements, made floating by the decomposition's exp
+            result = result.to(dtype)
+        return result if known_laid_out_in(result.shape, result.stride(), torch.contiguous_format) else result.contiguous()
+    name = op.__name__.split(".")[0].lstrip("_")
+    softmax_backward.__name__ = softmax_backward.__qualname__ = f"{name}_checking_operands"
+    return rule(op)(softmax_backward)
+
+
+_softmax_backward_checking_operands(aten._softmax_backward_data.default, checks_sizes=True)
+_softmax_backward_checking_operands(aten._log_softmax_backward_data.default, checks_sizes=False)
 
 
 _REDUCTION_NONE = 0

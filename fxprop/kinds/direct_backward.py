@@ -1,0 +1,75 @@
+"""Results of the backward kernels of softmax and layer norm computed directly.
+
+Under symbolic sizes their meta kernels are torch's python decompositions, each part dispatched
+again: ten to twenty-five milliseconds a call in a training graph. What the kernels allocate is
+plain. ``_softmax_backward_data`` and ``_log_softmax_backward_data`` give a contiguous tensor of
+the grad's sizes and dtype (``TORCH_META_FUNC(_softmax_backward_data)``);
+``native_layer_norm_backward`` a contiguous input grad (``layer_norm_backward_cpu`` and ``_cuda``
+make their input contiguous first) and weight and bias grads of the parameters' sizes, each only
+where ``output_mask`` asks for it.
+
+As in `fxprop.kinds.direct`, only plain calls take the shortcut: one floating dtype everywhere,
+sizes equal on sight, a dim in range. Anything else returns None and the meta kernel runs, checks
+and raises as before.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..symbolic import known_laid_out_in
+from .direct import contiguous_result, one_float, same_sizes, wrapped_dim
+
+aten = torch.ops.aten
+
+_FULL_PRECISION = frozenset({torch.float32, torch.float64})
+
+
+def softmax_backward_data(grad_output: Any, output: Any, dim: Any, input_dtype: Any) -> torch.Tensor | None:
+    """Grad and output of one floating dtype, the forward's input of the same dtype (a half-to-float
+    softmax's backward differs by device)."""
+    if not (isinstance(grad_output, torch.Tensor) and isinstance(output, torch.Tensor)):
+        return None
+    dtype = one_float(grad_output, output)
+    if dtype is None or input_dtype != dtype or not same_sizes(grad_output.shape, tuple(output.shape)) or \
+            wrapped_dim(dim, grad_output.dim()) is None:
+        return None
+    return contiguous_result(grad_output, dtype)
+
+
+def native_layer_norm_backward(grad_out: Any, input: Any, normalized_shape: Any, mean: Any, rstd: Any, weight: Any,
+                               bias: Any, output_mask: Any) -> tuple | None:
+    """Full precision, every tensor of the input's dtype, a contiguous input, statistics of the shape
+    ``native_layer_norm`` gives them, and a weight and a bias wherever their grads are asked for (the
+    kernels refuse a missing one)."""
+    tensors = (grad_out, input, mean, rstd, *(t for t in (weight, bias) if t is not None))
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or not isinstance(output_mask, (list, tuple)) or \
+            len(output_mask) != 3 or not all(type(asked) is bool for asked in output_mask):
+        return None
+    if not isinstance(normalized_shape, (list, tuple)) or not normalized_shape or \
+            not all(type(size) is int for size in normalized_shape):
+        return None
+    normalized = tuple(normalized_shape)
+    axis = input.dim() - len(normalized)
+    statistics = (*input.shape[:axis], *(1 for _ in normalized))
+    if one_float(*tensors) not in _FULL_PRECISION or axis < 0 or not same_sizes(input.shape[axis:], normalized) or \
+            not same_sizes(grad_out.shape, tuple(input.shape)) or \
+            not (same_sizes(mean.shape, statistics) and same_sizes(rstd.shape, statistics)):
+        return None
+    want_input, want_weight, want_bias = output_mask
+    if (want_weight and weight is None) or (want_bias and bias is None) or \
+            any(t is not None and not same_sizes(t.shape, normalized) for t in (weight, bias)):
+        return None
+    if not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
+        return None  # a strided input's grad: laid out by its meta kernel, and on the CPU by the rule
+    return (contiguous_result(input, input.dtype) if want_input else None,
+            torch.empty(normalized, dtype=input.dtype, device="meta") if want_weight else None,
+            torch.empty(normalized, dtype=input.dtype, device="meta") if want_bias else None)
+
+
+DIRECT_BACKWARD: dict[Any, Callable[..., Any]] = {
+    aten._softmax_backward_data.default: softmax_backward_data,
+    aten._log_softmax_backward_data.default: softmax_backward_data,
+    aten.native_layer_norm_backward.default: native_layer_norm_backward,
+}
