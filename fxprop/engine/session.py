@@ -49,6 +49,12 @@ def node_device() -> torch.device | None:
     return ambient.node_device()
 
 
+def node_on_cpu() -> bool:
+    """Whether the node being propagated runs on the CPU (whose kernels some rules follow)."""
+    device = ambient.node_device()
+    return device is not None and device.type == "cpu"
+
+
 def on_host():
     """Leave fxprop's dispatch for a moment, for a rule that must ask the host's own kernels."""
     return _disable_current_modes()

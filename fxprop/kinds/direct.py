@@ -40,9 +40,9 @@ _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
 _INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
 _ALWAYS_BOOL = ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL
 
-_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 _INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-_FULL_PRECISION = frozenset({torch.float32, torch.float64})  # reduced precision keeps other statistics dtypes
+FULL_PRECISION = frozenset({torch.float32, torch.float64})  # reduced precision keeps other statistics dtypes
 
 
 # --- elementwise -------------------------------------------------------------------------------
@@ -106,14 +106,14 @@ def where(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
 
 def where_scalar_other(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
     """``where(condition, input, number)`` of a floating tensor, which a python number does not promote."""
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or type(other) not in (int, float):
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or type(other) not in (int, float):
         return None
     return _where_with_a_number(condition, input, (condition, input, other))
 
 
 def where_scalar_self(condition: Any, input: Any, other: Any) -> torch.Tensor | None:
     """``where(condition, number, other)``, as `where_scalar_other`."""
-    if not isinstance(other, torch.Tensor) or other.dtype not in _FLOATS or type(input) not in (int, float):
+    if not isinstance(other, torch.Tensor) or other.dtype not in FLOATS or type(input) not in (int, float):
         return None
     return _where_with_a_number(condition, other, (condition, input, other))
 
@@ -129,20 +129,20 @@ def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None
     """``_safe_softmax``: softmax, with rows that are all -inf zeroed by a ``where`` over the softmax's
     result, which every device allocates contiguous (``_softmax``'s structured meta gives no
     strides): contiguous, whatever the input's layout."""
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or (dtype is not None and dtype not in _FLOATS) \
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or (dtype is not None and dtype not in FLOATS) \
             or wrapped_dim(dim, input.dim()) is None:
         return None
     return torch.empty(input.shape, dtype=input.dtype if dtype is None else dtype, device="meta")
 
 
 def unary_float(input: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS:
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS:
         return None
     return elementwise_result(input.shape, input.dtype, (input,))
 
 
 def gelu(input: Any, approximate: str = "none") -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or approximate not in _GELU_APPROXIMATIONS:
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or approximate not in _GELU_APPROXIMATIONS:
         return None
     return elementwise_result(input.shape, input.dtype, (input,))
 
@@ -328,7 +328,7 @@ def one_float(*tensors: Any, static: bool = False) -> torch.dtype | None:
     if len(dtypes) != 1 or (static and any(has_symbolic_sizes(t) for t in tensors)):
         return None
     (dtype,) = dtypes
-    return dtype if dtype in _FLOATS else None
+    return dtype if dtype in FLOATS else None
 
 
 def mm(self: Any, mat2: Any) -> torch.Tensor | None:
@@ -359,7 +359,7 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
             not all(isinstance(t, torch.Tensor) for t in parameters):
         return None
     dtype = one_float(input, *parameters)
-    if dtype not in _FULL_PRECISION or not isinstance(normalized_shape, (list, tuple)) or not normalized_shape \
+    if dtype not in FULL_PRECISION or not isinstance(normalized_shape, (list, tuple)) or not normalized_shape \
             or not all(type(size) is int for size in normalized_shape):
         return None
     axis = input.dim() - len(normalized_shape)
@@ -387,7 +387,7 @@ def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: An
         return None
     dtype = one_float(input, *per_channel, static=True)
     channels = (input.shape[1],)
-    if dtype not in _FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
+    if dtype not in FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
             input.stride() not in (make_contiguous_strides_for(input.shape), _channels_last_strides(input.shape)):
         return None
     return (torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta"),
@@ -412,14 +412,14 @@ def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
     """Of a floating tensor of symbolic sizes that is dense for every value of them: the output and
     the mask both ``empty_like(input)`` on every device, in training or not (the CPU's ``input *
     noise`` iterates over two tensors of one dense layout, keeping it)."""
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or not has_symbolic_sizes(input) or \
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or not has_symbolic_sizes(input) or \
             type(p) not in (int, float) or not 0 <= p <= 1 or not decided_dense(input):
         return None
     return (dense_result(input.shape, input.stride(), input.dtype, input.numel()),
             dense_result(input.shape, input.stride(), torch.bool, input.numel()))
 
 
-_CONVERTIBLE = _FLOATS | _INTEGERS | {torch.bool}
+_CONVERTIBLE = FLOATS | _INTEGERS | {torch.bool}
 
 
 def to_copy(input: Any, *, dtype: Any = None, memory_format: Any = None, non_blocking: Any = False) -> torch.Tensor | None:

@@ -19,12 +19,9 @@ from typing import Any, Callable
 import torch
 
 from ..symbolic import known_laid_out_in
-from .direct import contiguous_result, one_float, same_sizes, wrapped_dim
+from .direct import FULL_PRECISION, contiguous_result, one_float, same_sizes, wrapped_dim
 
 aten = torch.ops.aten
-
-_FULL_PRECISION = frozenset({torch.float32, torch.float64})
-
 
 def softmax_backward_data(grad_output: Any, output: Any, dim: Any, input_dtype: Any) -> torch.Tensor | None:
     """Grad and output of one floating dtype, the forward's input of the same dtype (a half-to-float
@@ -53,7 +50,7 @@ def native_layer_norm_backward(grad_out: Any, input: Any, normalized_shape: Any,
     normalized = tuple(normalized_shape)
     axis = input.dim() - len(normalized)
     statistics = (*input.shape[:axis], *(1 for _ in normalized))
-    if one_float(*tensors) not in _FULL_PRECISION or axis < 0 or not same_sizes(input.shape[axis:], normalized) or \
+    if one_float(*tensors) not in FULL_PRECISION or axis < 0 or not same_sizes(input.shape[axis:], normalized) or \
             not same_sizes(grad_out.shape, tuple(input.shape)) or \
             not (same_sizes(mean.shape, statistics) and same_sizes(rstd.shape, statistics)):
         return None

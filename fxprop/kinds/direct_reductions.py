@@ -15,15 +15,12 @@ from typing import Any, Callable
 
 import torch
 
-from .direct import wrapped_dim
+from .direct import FLOATS, wrapped_dim
 
 aten = torch.ops.aten
 
-_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-
-
 def reduced_over_dims(input: Any, dim: Any = None, keepdim: Any = False, *, dtype: Any = None) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or input.dtype not in _FLOATS or (dtype is not None and dtype != input.dtype) \
+    if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or (dtype is not None and dtype != input.dtype) \
             or type(keepdim) is not bool:
         return None
     rank = input.dim()

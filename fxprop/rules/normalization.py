@@ -36,11 +36,6 @@ def _cpu_output_format(input: torch.Tensor) -> torch.memory_format:
     return suggest_memory_format(input)
 
 
-def _on_cpu() -> bool:
-    device = context.node_device()
-    return device is not None and device.type == "cpu"
-
-
 def _in_format(tensor: torch.Tensor, memory_format: torch.memory_format) -> torch.Tensor:
     return tensor if tensor.is_contiguous(memory_format=memory_format) else tensor.contiguous(memory_format=memory_format)
 
@@ -62,7 +57,7 @@ def _batch_norm(op, input, weight, bias, running_mean, running_var, training: bo
     """``op`` on meta tensors, laid out on the CPU as the CPU kernel lays it out: the output in the
     input's memory format, the statistics in `_cpu_statistics_dtype`, empty in inference (the
     meta kernel follows CUDA: one float32 value per channel)."""
-    on_the_cpu = _on_cpu()
+    on_the_cpu = context.node_on_cpu()
     if on_the_cpu:
         dtype = _cpu_statistics_dtype(input, weight, bias, running_mean, running_var)
     output, save_mean, save_invstd, *more = op(input, weight, bias, running_mean, running_var, *rest)
@@ -110,7 +105,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     """On the CPU, the statistics take `_cpu_statistics_dtype` (the meta kernel gives a half or
     bfloat16 input float32 statistics, as the CUDA kernel does), and a mixed-type call is refused
     as the CPU kernel refuses it."""
-    on_the_cpu = _on_cpu()
+    on_the_cpu = context.node_on_cpu()
     if on_the_cpu:
         dtype = _cpu_statistics_dtype(input, weight, bias)
     output, mean, rstd = aten.native_layer_norm.default(input, normalized_shape, weight, bias, eps)
@@ -122,7 +117,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
 def _group_norm_laid_out_on_the_cpu(group_norm):
     def laid_out(input, *args, **kwargs):
         out = group_norm(input, *args, **kwargs)
-        return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+        return _in_format(out, suggest_memory_format(input)) if context.node_on_cpu() else out
     laid_out.__name__ = laid_out.__qualname__ = "group_norm"
     return laid_out
 
@@ -134,14 +129,14 @@ for _target in (aten.group_norm.default, torch.group_norm, F.group_norm):
 @rule(torch.nn.GroupNorm)
 def group_norm_module(module: torch.nn.GroupNorm, input):
     out = module(input)
-    return _in_format(out, suggest_memory_format(input)) if _on_cpu() else out
+    return _in_format(out, suggest_memory_format(input)) if context.node_on_cpu() else out
 
 
 @rule(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
     grad_input, *rest = aten.native_layer_norm_backward.default(grad_out, input, normalized_shape, mean, rstd, weight,
                                                                 bias, output_mask)
-    if grad_input is not None and _on_cpu():
+    if grad_input is not None and context.node_on_cpu():
         grad_input = _in_format(grad_input, torch.contiguous_format)
     return (grad_input, *rest)
 
@@ -151,6 +146,6 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
                                output_mask):
     grad_input, *rest = aten.native_batch_norm_backward.default(grad_out, input, weight, running_mean, running_var,
                                                                 save_mean, save_invstd, train, eps, output_mask)
-    if grad_input is not None and _on_cpu():
+    if grad_input is not None and context.node_on_cpu():
         grad_input = _in_format(grad_input, suggest_memory_format(input))
     return (grad_input, *rest)

@@ -10,17 +10,12 @@ from ..torch_compat import check, suggest_memory_format
 aten = torch.ops.aten
 
 
-def _on_cpu() -> bool:
-    device = context.node_device()
-    return device is not None and device.type == "cpu"
-
-
 @rule(aten.max_unpool2d.default)
 def max_unpool2d(input: torch.Tensor, indices: torch.Tensor, output_size) -> torch.Tensor:
     """Corrects aten.max_unpool2d's meta kernel, which returns a contiguous result: the CPU kernel
     keeps a 4-d input's channels_last layout (CUDA's, and the 3-d kernels, do not)."""
     out = aten.max_unpool2d.default(input, indices, output_size)
-    if _on_cpu() and input.dim() == 4:
+    if context.node_on_cpu() and input.dim() == 4:
         memory_format = suggest_memory_format(input)
         if not out.is_contiguous(memory_format=memory_format):
             out = out.contiguous(memory_format=memory_format)
@@ -61,6 +56,6 @@ def adaptive_avg_pool3d(self, output_size):
     refuses one (every dim after the first, channels of a 5-d input included); elsewhere the
     spatial dims, which every kernel refuses empty."""
     if self.dim() in (4, 5):
-        dims = range(1, self.dim()) if _on_cpu() else range(self.dim() - 3, self.dim())
+        dims = range(1, self.dim()) if context.node_on_cpu() else range(self.dim() - 3, self.dim())
         _non_empty("adaptive_avg_pool3d", self, dims, numbered_from_end=False)
     return aten._adaptive_avg_pool3d.default(self, output_size)

@@ -104,9 +104,8 @@ def _softmax_backward_checking_operands(op, checks_sizes: bool):
         wrap_dim(dim, grad_output.dim())
         half_to_float = grad_output.dtype is torch.float32 and input_dtype is torch.float16
         iterated = resolve(output.numel() != 0, default=True)  # the CPU kernels return early for an empty output
-        device = context.node_device()
         mismatched = None if not iterated else output.dtype if output.dtype != grad_output.dtype else (
-            input_dtype if half_to_float and device is not None and device.type == "cpu" else None)
+            input_dtype if half_to_float and context.node_on_cpu() else None)
         check(mismatched is None, lambda: f"expected scalar type {scalar_type_name(grad_output.dtype)} but found "
                                           f"{scalar_type_name(mismatched)}")
         dtype = input_dtype if half_to_float else grad_output.dtype
