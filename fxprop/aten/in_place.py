@@ -19,7 +19,7 @@ import torch
 
 from ..call import tensors_in
 from ..engine.session import node_device
-from ..kinds.direct import direct_result
+from ..kinds.shortcuts import shortcut_result
 from ..torch_compat import (OpOverload, check, has_kernel, has_symbolic_layout, internal_overlap,
                             is_non_overlapping_and_dense, overload_name, pytree, scalar_type_name, schema_of,
                             storage_key)
@@ -73,7 +73,7 @@ def check_writes_into_self(op: OpOverload, args: tuple, kwargs: dict) -> None:
     if known is not None:
         result_shape, result_dtype = shape, known
     else:
-        result = direct_result(twin, args, kwargs)
+        result = shortcut_result(twin, args, kwargs)
         if result is None:
             result = twin(*args, **kwargs)
         if not isinstance(result, torch.Tensor):

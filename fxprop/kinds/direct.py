@@ -1,6 +1,6 @@
 """Results of the commonest ops computed directly, where their python meta kernels are slow.
 
-``add``, ``mul``, ``gelu``, ``where``, ``addmm``, ``native_layer_norm``, inference batch norm,
+``add``, ``mul``, ``gelu``, ``where``, ``addmm``, ``native_layer_norm``,
 dtype conversions (``_to_copy``), their in-place forms (``relu_``, ``add_``) and the views that
 only rearrange sizes and strides
 (``transpose``, ``permute``, ``unsqueeze``, ``expand``) are most of a model's ops. Their meta
@@ -19,7 +19,6 @@ elementwise shortcut is taken where the ShapeEnv's ranges decide, without a guar
 TensorIterator makes to lay the result out (`fxprop.aten.layout.decided_tensor_iterator_strides`):
 the layout is then the same for every value of the symbols. Operands of two dtypes take it only
 where they are all contiguous and of the result's shape (the CPU casts one of them first).
-Batch norm takes it with static sizes only.
 """
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ import torch
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, is_non_overlapping_and_dense, make_channels_last_2d_strides_for,
-                            make_channels_last_3d_strides_for, make_contiguous_strides_for)
+                            has_symbolic_sizes, is_non_overlapping_and_dense)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -41,7 +39,7 @@ _INT_TO_FLOAT = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
 _ALWAYS_BOOL = ELEMENTWISE_TYPE_PROMOTION_KIND.ALWAYS_BOOL
 
 FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 FULL_PRECISION = frozenset({torch.float32, torch.float64})  # reduced precision keeps other statistics dtypes
 
 
@@ -78,7 +76,7 @@ def binary(op: Any, *args: Any, **kwargs: Any) -> torch.Tensor | None:
         tensors = (first, second)
     elif type(second) in (int, float) and first.dtype.is_floating_point:
         tensors = (first,)  # a python number never changes a floating tensor's dtype
-    elif type(second) is int and _BINARY[op] is not _INT_TO_FLOAT and first.dtype in _INTEGERS:
+    elif type(second) is int and _BINARY[op] is not _INT_TO_FLOAT and first.dtype in INTEGERS:
         tensors = (first,)  # nor a python int an integer tensor's
     else:
         return None
@@ -373,41 +371,6 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
             torch.empty(statistics, dtype=dtype, device="meta"))
 
 
-def batch_norm_in_inference(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: Any,
-                            eps: Any) -> tuple | None:
-    """``_native_batch_norm_legit_no_training`` of a contiguous or channels-last full-precision input
-    whose parameters and running statistics are one value per channel of its dtype: the meta
-    kernel's result keeps the input's strides and gives per-channel statistics (the CPU's layout is the rule's,
-    `fxprop.rules.normalization`)."""
-    if not isinstance(input, torch.Tensor) or input.dim() < 2 or type(eps) not in (int, float) or \
-            type(momentum) not in (int, float):
-        return None
-    per_channel = [t for t in (weight, bias, running_mean, running_var) if t is not None]
-    if not all(isinstance(t, torch.Tensor) for t in per_channel) or running_mean is None or running_var is None:
-        return None
-    dtype = one_float(input, *per_channel, static=True)
-    channels = (input.shape[1],)
-    if dtype not in FULL_PRECISION or any(tuple(t.shape) != channels for t in per_channel) or \
-            input.stride() not in (make_contiguous_strides_for(input.shape), _channels_last_strides(input.shape)):
-        return None
-    return (torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta"),
-            torch.empty(channels, dtype=dtype, device="meta"), torch.empty(channels, dtype=dtype, device="meta"))
-
-
-def _channels_last_strides(shape: tuple) -> tuple | None:
-    if len(shape) == 4:
-        return make_channels_last_2d_strides_for(shape)
-    return make_channels_last_3d_strides_for(shape) if len(shape) == 5 else None
-
-
-def native_batch_norm(input: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: Any,
-                      momentum: Any, eps: Any) -> tuple | None:
-    """In inference, as `batch_norm_in_inference`; training updates the running statistics."""
-    if training is not False:
-        return None
-    return batch_norm_in_inference(input, weight, bias, running_mean, running_var, momentum, eps)
-
-
 def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
     """Of a floating tensor of symbolic sizes that is dense for every value of them: the output and
     the mask both ``empty_like(input)`` on every device, in training or not (the CPU's ``input *
@@ -419,7 +382,7 @@ def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:
             dense_result(input.shape, input.stride(), torch.bool, input.numel()))
 
 
-_CONVERTIBLE = FLOATS | _INTEGERS | {torch.bool}
+_CONVERTIBLE = FLOATS | INTEGERS | {torch.bool}
 
 
 def to_copy(input: Any, *, dtype: Any = None, memory_format: Any = None, non_blocking: Any = False) -> torch.Tensor | None:
@@ -436,14 +399,6 @@ def to_copy(input: Any, *, dtype: Any = None, memory_format: Any = None, non_blo
     return torch.empty_strided(input.shape, input.stride(), dtype=dtype, device="meta")
 
 
-def _in_place_of(functional: Any) -> Callable[..., Any]:
-    def in_place(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-        """``self``, where the functional form has a plain result (which `check_writes_into_self`
-        has already seen fit ``self``)."""
-        return args[0] if args and direct_result(functional, args, kwargs) is not None else None
-    return in_place
-
-
 _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(binary, op) for op in _BINARY},
     **{op: functools.partial(binary, tensor_form) for op, tensor_form in _SCALAR_FORMS.items()},
@@ -456,8 +411,6 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     aten.mm.default: mm,
     aten.addmm.default: addmm,
     aten.native_layer_norm.default: native_layer_norm,
-    aten._native_batch_norm_legit_no_training.default: batch_norm_in_inference,
-    aten.native_batch_norm.default: native_batch_norm,
     aten.native_dropout.default: native_dropout,
     aten._to_copy.default: to_copy,
 }
@@ -471,18 +424,26 @@ _VIEWS: dict[Any, Callable[..., Any]] = {
 }
 
 
-def _in_place_forms() -> dict[Any, Callable[..., Any]]:
+def in_place_forms(functional: dict[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
+    """The in-place overloads (``add_.Tensor``) of ``functional``'s ops: each answers ``self`` where its
+    functional form has a plain result (which `check_writes_into_self` has already seen fit ``self``)."""
     forms = {}
-    for functional in _FUNCTIONAL:
-        name, _, overload = functional.name().removeprefix("aten::").partition(".")
+    for op, compute in functional.items():
+        name, _, overload = op.name().removeprefix("aten::").partition(".")
         packet = getattr(aten, f"{name}_", None)
         in_place = getattr(packet, overload or "default", None) if packet is not None else None
         if in_place is not None:
-            forms[in_place] = _in_place_of(functional)
+            forms[in_place] = _in_place_of(compute)
     return forms
 
 
-DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_VIEWS, **_in_place_forms()}
+def _in_place_of(compute: Callable[..., Any]) -> Callable[..., Any]:
+    def in_place(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+        return args[0] if args and compute(*args, **kwargs) is not None else None
+    return in_place
+
+
+DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_VIEWS, **in_place_forms(_FUNCTIONAL)}
 
 
 def direct_result(op: Any, args: tuple, kwargs: dict, table: dict[Any, Callable[..., Any]] = DIRECT) -> Any:

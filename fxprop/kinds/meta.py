@@ -10,15 +10,10 @@ from .. import symbolic
 from ..aten import layout
 from ..aten.view_strides import VIEWS, as_aten_views, plain_view, remembered_view
 from ..engine.blame import boundary
-from .direct import DIRECT, direct_result
-from .direct_backward import DIRECT_BACKWARD
-from .direct_reductions import DIRECT_REDUCTIONS
 from .iterated import iterated_result
+from .shortcuts import shortcut_result
 from ..aten.in_place import check_writes_into_self
 from ..torch_compat import OpOverload, call_kernel, meta_kernel_takes_no_outs
-
-
-SHORTCUTS = {**DIRECT, **DIRECT_BACKWARD, **DIRECT_REDUCTIONS}  # results computed directly, by op
 
 
 @boundary
@@ -38,7 +33,7 @@ def _view(op: OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 def _laid_out_result(op: OpOverload, args: tuple, kwargs: dict) -> Any:
-    result = direct_result(op, args, kwargs, SHORTCUTS)
+    result = shortcut_result(op, args, kwargs)
     if result is None and symbolic.current().active:
         result = iterated_result(op, args, kwargs)
     if result is None and meta_kernel_takes_no_outs(op):  # its python Meta kernel refuses every out= call

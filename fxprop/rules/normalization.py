@@ -18,6 +18,8 @@ Layer norm: a half or bfloat16 input keeps its dtype for the statistics on the C
 meta kernel gives float32 ones, as the CUDA kernel does."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -53,14 +55,17 @@ def _cpu_statistics_dtype(input: torch.Tensor, *parameters: torch.Tensor | None)
     return torch.float32
 
 
-def _batch_norm(op, input, weight, bias, running_mean, running_var, training: bool, *rest) -> tuple:
-    """``op`` on meta tensors, laid out on the CPU as the CPU kernel lays it out: the output in the
-    input's memory format, the statistics in `_cpu_statistics_dtype`, empty in inference (the
-    meta kernel follows CUDA: one float32 value per channel)."""
+def _batch_norm(run: Callable[[], tuple], input, parameters: tuple, training: bool) -> tuple:
+    """The results of ``run`` (the op on meta tensors), laid out on the CPU as the CPU kernel lays
+    them out: the output in the input's memory format, the statistics in `_cpu_statistics_dtype`
+    (of the input and its ``parameters``), empty in inference (the meta kernel follows CUDA: one
+    float32 value per channel). The CPU kernel refuses to train on an empty batch."""
     on_the_cpu = context.node_on_cpu()
     if on_the_cpu:
-        dtype = _cpu_statistics_dtype(input, weight, bias, running_mean, running_var)
-    output, save_mean, save_invstd, *more = op(input, weight, bias, running_mean, running_var, *rest)
+        dtype = _cpu_statistics_dtype(input, *parameters)
+        check(not training or input.numel() != 0,
+              lambda: f"input tensor must have at least one element, but got input_sizes = {list(input.shape)}")
+    output, save_mean, save_invstd, *more = run()
     if not on_the_cpu:
         return (output, save_mean, save_invstd, *more)
     output = _in_format(output, _cpu_output_format(input))
@@ -72,32 +77,56 @@ def _batch_norm(op, input, weight, bias, running_mean, running_var, training: bo
 
 @rule(aten.native_batch_norm.default)
 def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return _batch_norm(aten.native_batch_norm.default, input, weight, bias, running_mean, running_var, training,
-                       training, momentum, eps)
+    return _batch_norm(lambda: aten.native_batch_norm.default(input, weight, bias, running_mean, running_var, training,
+                                                              momentum, eps),
+                       input, (weight, bias, running_mean, running_var), training)
 
 
 @rule(aten._native_batch_norm_legit.default)
 def native_batch_norm_legit(input, weight, bias, running_mean, running_var, training, momentum, eps):
-    return _batch_norm(aten._native_batch_norm_legit.default, input, weight, bias, running_mean, running_var,
-                       training, training, momentum, eps)
+    return _batch_norm(lambda: aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var,
+                                                                     training, momentum, eps),
+                       input, (weight, bias, running_mean, running_var), training)
+
+
+@rule(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(lambda: aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps),
+                       input, (weight, bias), training)
+
+
+@rule(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """On the CPU the updated running statistics keep their own dtype (the meta kernel computes
+    them in float32 for a half or bfloat16 input)."""
+    *results, new_mean, new_var = _batch_norm(lambda: aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps),
+        input, (weight, bias, running_mean, running_var), training)
+    if context.node_on_cpu():
+        new_mean, new_var = (new if new.dtype == old.dtype else new.new_empty(new.shape, dtype=old.dtype)
+                             for new, old in ((new_mean, running_mean), (new_var, running_var)))
+    return (*results, new_mean, new_var)
 
 
 @rule(aten._native_batch_norm_legit_no_training.default)
 def native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    return _batch_norm(aten._native_batch_norm_legit_no_training.default, input, weight, bias, running_mean,
-                       running_var, False, momentum, eps)
+    return _batch_norm(lambda: aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean,
+                                                                                 running_var, momentum, eps),
+                       input, (weight, bias, running_mean, running_var), False)
 
 
 @rule(aten._batch_norm_impl_index.default)
 def batch_norm_impl_index(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
-    return _batch_norm(aten._batch_norm_impl_index.default, input, weight, bias, running_mean, running_var, training,
-                       training, momentum, eps, cudnn_enabled)
+    return _batch_norm(lambda: aten._batch_norm_impl_index.default(input, weight, bias, running_mean, running_var,
+                                                                   training, momentum, eps, cudnn_enabled),
+                       input, (weight, bias, running_mean, running_var), training)
 
 
 @rule(aten._batch_norm_no_update.default)
 def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    return _batch_norm(aten._batch_norm_no_update.default, input, weight, bias, running_mean, running_var, False,
-                       momentum, eps)
+    return _batch_norm(lambda: aten._batch_norm_no_update.default(input, weight, bias, running_mean, running_var,
+                                                                  momentum, eps),
+                       input, (weight, bias, running_mean, running_var), False)
 
 
 @rule(aten.native_layer_norm.default)
