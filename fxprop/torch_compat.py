@@ -692,6 +692,11 @@ def one_fake_mode_for_traced_values():
 def without_ambient_modes():
     """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...) and every
     TorchFunctionMode (``with torch.device(...)``) the caller has active; they come back after."""
+    from torch._ops import _len_torch_dispatch_stack_pre_dispatch
+    if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+            or _len_torch_dispatch_stack_pre_dispatch()):
+        yield  # none to leave
+        return
     function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
     try:
         with _disable_current_modes():

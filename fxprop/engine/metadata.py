@@ -6,6 +6,7 @@ torch.export would have left there.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -14,18 +15,20 @@ from ..torch_compat import FakeTensor, FakeTensorMode, has_symbolic_sizes, make_
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
+_constructor_states: "weakref.WeakKeyDictionary[FakeTensorMode, dict]" = weakref.WeakKeyDictionary()
 
 
 class FakeTensorFactory:
     """Builds FakeTensors for one FakeTensorMode.
 
-    The first container is built by FakeTensor's own constructor; later ones copy the state it
-    set, which halves the cost per node and stays faithful to whatever the constructor sets.
+    The mode's first container is built by FakeTensor's own constructor; later ones copy the
+    state it set, which halves the cost per node and stays faithful to whatever the constructor
+    sets. That state is the mode's (its settings' and the mode itself), kept as long as the mode lives.
     """
 
     def __init__(self, mode: FakeTensorMode):
         self.mode = mode
-        self._state: dict | None = None
+        self._state: dict | None = _constructor_states.get(mode)
 
     def __call__(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
         return self.from_snapshot(meta, device, meta.requires_grad)
@@ -34,7 +37,7 @@ class FakeTensorFactory:
         """A FakeTensor over ``meta``'s sizes, strides and storage (``requires_grad`` its own)."""
         if self._state is None:
             fake = FakeTensor(self.mode, meta, device, requires_grad=requires_grad)
-            self._state = dict(fake.__dict__)
+            self._state = _constructor_states[self.mode] = dict(fake.__dict__)
             return fake
         fake = make_subclass(FakeTensor, meta, requires_grad, dispatch_device=True, device_for_backend_keys=device)
         set_throw_on_mutable_data_ptr(fake)
