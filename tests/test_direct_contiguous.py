@@ -28,7 +28,10 @@ _ARANGES = [(aten.arange.default, (5,), {}), (aten.arange.default, (0,), {}), (a
             (aten.arange.start, (7, 2), {}), (aten.arange.start, (-3, 4), {"dtype": torch.float64}),
             (aten.arange.start_step, (2, 7, -1), {}), (aten.arange.start_step, (2, 7, 0), {}),
             (aten.arange.start_step, (7, 2, -2), {}), (aten.arange.start_step, (-3, 10, 4), {"dtype": torch.int32}),
-            (aten.arange.start_step, (0, 1, 0.25), {}), (aten.arange.start_step, (0, 10, 3), {"dtype": torch.bfloat16})]
+            (aten.arange.start_step, (0, 1, 0.25), {}), (aten.arange.start_step, (0, 10, 3), {"dtype": torch.bfloat16}),
+            # past int64: the kernels refuse with a RuntimeError, where python's range would answer
+            (aten.arange.default, (2**63,), {}), (aten.arange.start, (0, 2**63), {}),
+            (aten.arange.start, (0, 2**63), {"dtype": torch.float32}), (aten.arange.start_step, (2**62, 2**63, 2**61), {})]
 
 
 @pytest.mark.parametrize("op, args, kwargs", _ARANGES, ids=[f"{op}-{args}-{kwargs}" for op, args, kwargs in _ARANGES])

@@ -72,10 +72,17 @@ def sync_symbols(program: torch.export.ExportedProgram) -> None:
     from torch.fx.experimental.symbolic_shapes import ValueRanges
     used: set = set()
     env = None
+    symbols_of: dict = {}  # by expression: a model's values repeat a few size expressions
     for gm in _graph_modules(program.graph_module):
         for node in gm.graph.nodes:
-            value = node.meta.get("val")
-            found = _symbols_in(value)
+            sizes = _sizes_in(node.meta.get("val"))
+            found: set = set()
+            for size in sizes:
+                expr = size.node.expr
+                symbols = symbols_of.get(expr)
+                if symbols is None:
+                    symbols = symbols_of[expr] = expr.free_symbols
+                found |= symbols
             used |= found
             bindings = node.meta.get("unbacked_bindings")
             if bindings and not set(bindings) <= found:
@@ -84,8 +91,8 @@ def sync_symbols(program: torch.export.ExportedProgram) -> None:
                     node.meta["unbacked_bindings"] = kept
                 else:
                     del node.meta["unbacked_bindings"]
-            if env is None:
-                env = _shape_env_of(value)
+            if env is None and sizes:
+                env = sizes[0].node.shape_env
     _rehome(program, env)
     constraints = program.range_constraints  # a property without a setter: updated in place
     if env is not None:
@@ -130,23 +137,25 @@ def _graph_modules(gm: torch.fx.GraphModule) -> list:
 
 def _sizes_in(value: Any) -> list:
     """The SymInts, SymFloats and SymBools in a node's value (a tensor's sizes, strides and offset)."""
-    found = []
-    for leaf in pytree.tree_leaves(value):
-        if isinstance(leaf, torch.Tensor):
-            sizes = (*leaf.shape, *leaf.stride(), leaf.storage_offset())
-        else:
-            sizes = (leaf,)
-        found += [size for size in sizes if isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool))]
+    found: list = []
+    _collect_sizes(value, found)
     return found
 
 
-def _symbols_in(value: Any) -> set:
-    return {symbol for size in _sizes_in(value) for symbol in size.node.expr.free_symbols}
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _shape_env_of(value: Any) -> Any:
-    sizes = _sizes_in(value)
-    return sizes[0].node.shape_env if sizes else None
+def _collect_sizes(value: Any, found: list) -> None:
+    if isinstance(value, torch.Tensor):
+        found += [size for size in (*value.shape, *value.stride(), value.storage_offset()) if isinstance(size, _SYMBOLIC)]
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _collect_sizes(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect_sizes(item, found)
+    elif isinstance(value, _SYMBOLIC):
+        found.append(value)
 
 
 _END = object()

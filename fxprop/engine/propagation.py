@@ -455,13 +455,15 @@ class Propagation:
                     node.meta[dtensors.META_KEY] = sharding
                 else:
                     node.meta.pop(dtensors.META_KEY, None)
-        kinds: dict[str, int] = {}
+        counted: dict = {}
         fallback_bytes = 0
         for node in self.gm.graph.nodes:
             provenance = node.meta.get("fxprop")
             if isinstance(provenance, Provenance):
-                kinds[provenance.kind.value] = kinds.get(provenance.kind.value, 0) + 1
+                kind = provenance.kind
+                counted[kind] = counted.get(kind, 0) + 1
                 fallback_bytes += provenance.fallback_bytes
+        kinds = {kind.value: count for kind, count in counted.items()}
         if self.known_inputs is not None:
             # The values of inputs passed for real that rules may read: kept so that a repropagate
             # (which takes its inputs from the annotations) knows them as this call did.

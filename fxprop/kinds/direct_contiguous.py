@@ -9,7 +9,8 @@ elements.
 
 Calls the kernels refuse (a triangular part of fewer than two dims; a step of 0 or of the wrong
 sign; a bool ``arange``) and anything less plain (float or symbolic bounds, whose length needs
-rounding or deciding) return None, and the meta kernel runs, checks and raises as before.
+rounding or deciding; bounds of 2**31 or more, near the kernels' int64 and double limits) return
+None, and the meta kernel runs, checks and raises as before.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from .direct import FLOATS, INTEGERS, contiguous_result
 
 aten = torch.ops.aten
+_EXACT = 1 << 31  # bounds whose length the kernels' int64 and double arithmetic computes exactly, as range does
 
 
 def triangular_part(input: Any, diagonal: Any = 0) -> torch.Tensor | None:
@@ -38,7 +40,8 @@ def arange_start(start: Any, end: Any, **options: Any) -> torch.Tensor | None:
 
 def arange_start_step(start: Any, end: Any, step: Any = 1, *, dtype: Any = None, layout: Any = None,
                       device: Any = None, pin_memory: Any = None) -> torch.Tensor | None:
-    if not all(type(bound) is int for bound in (start, end, step)) or step == 0 or (end - start) * step < 0:
+    if not all(type(bound) is int and abs(bound) < _EXACT for bound in (start, end, step)) or step == 0 or \
+            (end - start) * step < 0:
         return None
     if layout not in (None, torch.strided) or pin_memory not in (None, False) or \
             (dtype is not None and dtype not in FLOATS | INTEGERS):
