@@ -22,20 +22,25 @@ def tensors_in(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors a value holds: itself, or those in its nested lists, tuples and dicts, in order."""
-    found: list[torch.Tensor] = []
-    _collect(value, found)
+    return leaves_of(value, torch.Tensor)
+
+
+def leaves_of(value: Any, kinds: type | tuple[type, ...]) -> list:
+    """The values of ``kinds`` a value holds: itself, or those in its nested lists, tuples and dicts, in order."""
+    found: list = []
+    _collect(value, found, kinds)
     return found
 
 
-def _collect(value: Any, found: list[torch.Tensor]) -> None:
-    if isinstance(value, torch.Tensor):
+def _collect(value: Any, found: list, kinds: type | tuple[type, ...] = torch.Tensor) -> None:
+    if isinstance(value, kinds):
         found.append(value)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            _collect(item, found)
+            _collect(item, found, kinds)
     elif isinstance(value, dict):
         for item in value.values():
-            _collect(item, found)
+            _collect(item, found, kinds)
 
 
 def has_symbolic(values: Iterable[Any]) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..call import leaves_of
 from ..errors import InputError
 from ..symbolic import program_range
 from ..torch_compat import FakeTensor, pytree
@@ -138,24 +139,15 @@ def _graph_modules(gm: torch.fx.GraphModule) -> list:
 def _sizes_in(value: Any) -> list:
     """The SymInts, SymFloats and SymBools in a node's value (a tensor's sizes, strides and offset)."""
     found: list = []
-    _collect_sizes(value, found)
+    for leaf in leaves_of(value, (torch.Tensor, *_SYMBOLIC)):
+        if isinstance(leaf, torch.Tensor):
+            found += [size for size in (*leaf.shape, *leaf.stride(), leaf.storage_offset()) if isinstance(size, _SYMBOLIC)]
+        else:
+            found.append(leaf)
     return found
 
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
-def _collect_sizes(value: Any, found: list) -> None:
-    if isinstance(value, torch.Tensor):
-        found += [size for size in (*value.shape, *value.stride(), value.storage_offset()) if isinstance(size, _SYMBOLIC)]
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _collect_sizes(item, found)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _collect_sizes(item, found)
-    elif isinstance(value, _SYMBOLIC):
-        found.append(value)
 
 
 _END = object()
