@@ -4,17 +4,9 @@ import pytest
 import torch
 
 import fxprop
+from test_direct_reductions import _Calling
 
 aten = torch.ops.aten
-
-
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *tensors):
-        return self.fn(*tensors)
 
 
 def _hint(size):
@@ -34,7 +26,7 @@ def test_stand_in_dtypes_follow_the_default_dtype(fn, default_dtype):
     """An integer input's floating result is torch's default dtype: the stand-ins' kept answer must not
     outlive a ``set_default_dtype``."""
     x = torch.randint(1, 5, (3, 4))
-    program = torch.export.export(_Fn(fn), (x,), dynamic_shapes=(({0: torch.export.Dim("B", min=2, max=64)},),))
+    program = torch.export.export(_Calling(fn), (x,), dynamic_shapes=(({0: torch.export.Dim("B", min=2, max=64)},),))
     assert fxprop.propagate(program).dtype == fn(x).dtype == torch.float32
     torch.set_default_dtype(torch.float64)
     assert fxprop.propagate(program).dtype == fn(x).dtype == torch.float64
@@ -60,7 +52,7 @@ def test_symbolic_layout_of_mixed_dtypes_with_an_expanded_operand(name):
     result out (ternary ops, ``where``, binary ops whose operands are not named self and other): the result is
     contiguous, not laid out as the transposed operands."""
     fn, inputs, dims = _CAST_FIRST[name]
-    program = torch.export.export(_Fn(fn), inputs, dynamic_shapes=(dims,))
+    program = torch.export.export(_Calling(fn), inputs, dynamic_shapes=(dims,))
     ours, real = fxprop.propagate(program), fn(*inputs)
     assert ([_hint(s) for s in ours.shape], [_hint(s) for s in ours.stride()], ours.dtype) == \
            (list(real.shape), list(real.stride()), real.dtype)
