@@ -19,7 +19,7 @@ import inspect
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import sympy
 import torch
@@ -140,6 +140,18 @@ def has_symbolic_layout(tensor: torch.Tensor) -> bool:
 
 any_autocast_enabled = torch._C._is_any_autocast_enabled
 below_autograd_views = torch._C._AutoDispatchBelowADInplaceOrView  # as_strided that makes no autograd view
+_resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_  # registered by libtorch: inductor stays unimported
+
+
+def meta_over_storage_of(shape: Sequence, strides: Sequence, dtype: torch.dtype, storage_bytes: Any) -> torch.Tensor:
+    """A fresh meta tensor of these sizes and strides over a storage of its own of ``storage_bytes``
+    (a SymInt kept as it is): no autograd view, and no SymInt arithmetic. ``torch.empty`` of a
+    symbolic size computes and checks the storage's bytes again, four SymInt operations through
+    python; resizing an empty tensor's storage takes the expression the caller already holds."""
+    flat = torch.empty((0,), dtype=dtype, device="meta")
+    _resize_storage_bytes(flat, storage_bytes)
+    with below_autograd_views():
+        return flat.as_strided(shape, strides)
 
 
 def export_guards_code(module: torch.nn.Module) -> Any:

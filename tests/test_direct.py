@@ -248,6 +248,7 @@ def test_symbolic_elementwise_results_lay_out_as_real_execution_where_the_ranges
         theirs = fxprop.propagate(program)
     assert all(statically_known_true(a == b) if isinstance(a, torch.SymInt) else a == b
                for a, b in zip((*ours.shape, *ours.stride()), (*theirs.shape, *theirs.stride())))
+    assert str(ours.untyped_storage().nbytes()) == str(theirs.untyped_storage().nbytes())
 
 
 _ITERATED_ON_STAND_INS = {  # elementwise ops without a rule of their own, over views of two (B, T, 8, 4) inputs

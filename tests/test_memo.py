@@ -27,12 +27,18 @@ class RepeatedBlocks(torch.nn.Module):
 
 
 def _values(gm: torch.fx.GraphModule) -> dict:
-    def describe(value):
+    """Each node's value, and the first node whose value shares its storage (aliases as torch's would)."""
+    storages: dict = {}
+
+    def describe(value, name):
         if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
             return (tuple(map(str, value.shape)), tuple(map(str, value.stride())), str(value.storage_offset()),
-                    value.dtype, value.device, value.requires_grad)
+                    value.dtype, value.device, value.requires_grad, str(storage.nbytes()),
+                    storages.setdefault(storage._cdata, name))
         return str(value)
-    return {node.name: torch.utils._pytree.tree_map(describe, node.meta.get("val")) for node in gm.graph.nodes}
+    return {node.name: torch.utils._pytree.tree_map(lambda value: describe(value, node.name), node.meta.get("val"))
+            for node in gm.graph.nodes}
 
 
 @pytest.mark.parametrize("cache", [False, True, "verify"])

@@ -31,7 +31,7 @@ import torch
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, is_non_overlapping_and_dense)
+                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -189,16 +189,18 @@ def _expression(size: Any) -> Any:
 
 def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
     """A fresh meta tensor of symbolic ``shape`` and dense ``strides`` (every size at least 1), over a
-    flat storage of its elements: ``empty_strided`` computes a storage's extent in SymInt arithmetic,
-    dims times over, where the flat one takes the count of elements (``numel``, an operand's where
-    one has the shape)."""
+    storage of its elements' bytes, as ``torch.empty`` of them would make it: ``empty_strided``
+    computes a storage's extent in SymInt arithmetic, dims times over, where this takes the count of
+    elements (``numel``, an operand's where one has the shape) times the element's size."""
     if numel is None:
         numel = 1
         for size in shape:
             numel = numel * size
-    flat = torch.empty((numel,), dtype=dtype, device="meta")
-    with below_autograd_views():
-        return flat.as_strided(shape, strides)
+    if isinstance(numel, torch.SymInt) and not numel.node.expr.is_nonnegative:
+        flat = torch.empty((numel,), dtype=dtype, device="meta")  # its check of the size is one torch would make
+        with below_autograd_views():
+            return flat.as_strided(shape, strides)
+    return meta_over_storage_of(shape, strides, dtype, numel * dtype.itemsize)
 
 
 def _binary_dtype(kind: ELEMENTWISE_TYPE_PROMOTION_KIND, dtypes: set, args: tuple) -> torch.dtype:

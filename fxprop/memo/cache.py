@@ -28,7 +28,7 @@ from ..call import Call
 from .purity import is_pure
 from ..errors import FallbackLimitError
 from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
-                            functorch_depth, is_view, storage_key, view_base)
+                            functorch_depth, is_view, meta_over_storage_of, storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
 
@@ -148,11 +148,8 @@ class TensorRecord:
     dtype: torch.dtype
     requires_grad: bool
     device: torch.device
-    # with symbolic sizes, the bytes of the recorded result's storage, and once a rebuild has computed
-    # it, the count of its elements (None: `_fresh_symbolic_meta` cannot remake them); no part of the
-    # record's identity
+    # with symbolic sizes, the bytes of the recorded result's storage; no part of the record's identity
     storage_bytes: Any = dataclasses.field(default=None, compare=False, repr=False)
-    storage_elements: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -260,10 +257,10 @@ def _fresh_meta(record: TensorRecord) -> torch.Tensor:
     if record.offset:
         extent = record.offset + 1 + sum((s - 1) * st for s, st in zip(record.shape, record.stride) if s)
         meta = torch.empty(extent, dtype=record.dtype, device="meta").as_strided(record.shape, record.stride, record.offset)
+    elif record.storage_bytes is not None:  # its own storage, of the bytes the call's result had, no view
+        meta = meta_over_storage_of(record.shape, record.stride, record.dtype, record.storage_bytes)
     else:
-        meta = _fresh_symbolic_meta(record) if record.storage_bytes is not None else None
-        if meta is None:
-            meta = torch.empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
+        meta = torch.empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
     if record.requires_grad:
         # A result of an op is not a leaf: in-place ops on it must stay legal, as they are in torch.
         meta = DelayedError("fxprop: no gradients through propagation results", 1)(meta.requires_grad_(True))
@@ -275,25 +272,6 @@ def _symbolic_storage_bytes(value: torch.Tensor) -> torch.SymInt | None:
         return None
     found = value.untyped_storage().nbytes()
     return found if isinstance(found, torch.SymInt) else None
-
-
-def _fresh_symbolic_meta(record: TensorRecord) -> torch.Tensor | None:
-    """A fresh tensor of the record's symbolic sizes with a storage of the recorded result's bytes, as the
-    call made it: its own storage, no view. Laid over a flat storage, below the layer where autograd
-    records views: ``empty_strided`` computes a storage's extent in symbolic arithmetic, a traced node
-    an operation, dims times over; the flat one takes one dim's worth. None where the flat storage's
-    bytes would not be the recorded expression."""
-    if not record.storage_elements:
-        record.storage_elements.append(record.storage_bytes // record.dtype.itemsize)
-    elements = record.storage_elements[0]
-    if elements is None:
-        return None
-    flat = torch.empty((elements,), dtype=record.dtype, device="meta")
-    if _expression(flat.untyped_storage().nbytes()) != _expression(record.storage_bytes):
-        record.storage_elements[0] = None
-        return None
-    with below_autograd_views():
-        return flat.as_strided(record.shape, record.stride)
 
 
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
