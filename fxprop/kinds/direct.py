@@ -23,7 +23,7 @@ where they are all contiguous and of the result's shape (the CPU casts one of th
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -130,7 +130,7 @@ def safe_softmax(input: Any, dim: Any, dtype: Any = None) -> torch.Tensor | None
     if not isinstance(input, torch.Tensor) or input.dtype not in FLOATS or (dtype is not None and dtype not in FLOATS) \
             or wrapped_dim(dim, input.dim()) is None:
         return None
-    return torch.empty(input.shape, dtype=input.dtype if dtype is None else dtype, device="meta")
+    return empty_contiguous(input.shape, input.dtype if dtype is None else dtype)
 
 
 def unary_float(input: Any) -> torch.Tensor | None:
@@ -170,7 +170,7 @@ def contiguous_result(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     expressions where they are the ones ``torch.empty`` would compute again."""
     if has_symbolic_sizes(like) and _contiguous_as_torch_empty_strides_it(like):
         return dense_result(like.shape, like.stride(), dtype, like.numel())
-    return torch.empty(like.shape, dtype=dtype, device="meta")
+    return empty_contiguous(like.shape, dtype)
 
 
 def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
@@ -185,6 +185,22 @@ def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
 
 def _expression(size: Any) -> Any:
     return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device="meta")``. With symbolic sizes, each positive by its
+    symbols' declarations, its row-major strides and storage bytes are computed once, in the
+    expressions torch's would take (``max(size, 1)`` is the size itself), where ``torch.empty``
+    computes them, its element count and checks of them again in SymInt arithmetic."""
+    if not any(isinstance(size, torch.SymInt) for size in shape) or not all(
+            size.node.expr.is_positive if isinstance(size, torch.SymInt) else type(size) is int and size > 0
+            for size in shape):
+        return torch.empty(shape, dtype=dtype, device="meta")
+    strides, numel = [], 1
+    for size in reversed(shape):
+        strides.append(numel)
+        numel = numel * size
+    return meta_over_storage_of(shape, strides[::-1], dtype, numel * dtype.itemsize)
 
 
 def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
@@ -337,7 +353,7 @@ def mm(self: Any, mat2: Any) -> torch.Tensor | None:
     dtype = one_float(self, mat2)
     if dtype is None or not _same_size(self.shape[1], mat2.shape[0]):
         return None
-    return torch.empty((self.shape[0], mat2.shape[1]), dtype=dtype, device="meta")
+    return empty_contiguous((self.shape[0], mat2.shape[1]), dtype)
 
 
 def addmm(self: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor | None:
@@ -369,8 +385,8 @@ def native_layer_norm(input: Any, normalized_shape: Any, weight: Any, bias: Any,
     if has_symbolic_sizes(input) and not known_laid_out_in(input.shape, input.stride(), torch.contiguous_format):
         return None
     statistics = (*input.shape[:axis], *(1 for _ in normalized_shape))
-    return (torch.empty(input.shape, dtype=dtype, device="meta"), torch.empty(statistics, dtype=dtype, device="meta"),
-            torch.empty(statistics, dtype=dtype, device="meta"))
+    return (empty_contiguous(input.shape, dtype), empty_contiguous(statistics, dtype),
+            empty_contiguous(statistics, dtype))
 
 
 def native_dropout(input: Any, p: Any, train: Any) -> tuple | None:

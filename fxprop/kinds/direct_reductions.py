@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .direct import FLOATS, wrapped_dim
+from .direct import FLOATS, empty_contiguous, wrapped_dim
 
 aten = torch.ops.aten
 
@@ -34,7 +34,7 @@ def reduced_over_dims(input: Any, dim: Any = None, keepdim: Any = False, *, dtyp
     else:
         return None
     shape = [1 if i in reduced else size for i, size in enumerate(input.shape) if keepdim or i not in reduced]
-    return torch.empty(shape, dtype=input.dtype, device="meta")
+    return empty_contiguous(shape, input.dtype)
 
 
 DIRECT_REDUCTIONS: dict[Any, Callable[..., Any]] = {
