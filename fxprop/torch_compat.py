@@ -140,16 +140,26 @@ def has_symbolic_layout(tensor: torch.Tensor) -> bool:
 
 any_autocast_enabled = torch._C._is_any_autocast_enabled
 below_autograd_views = torch._C._AutoDispatchBelowADInplaceOrView  # as_strided that makes no autograd view
-_resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_  # registered by libtorch: inductor stays unimported
+
+
+class _StorageOfItsOwn(torch.Tensor):
+    """A wrapper tensor made only for the storage it is made with (`meta_over_storage_of`); no op
+    ever runs on it."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(f"fxprop: {func} called on a storage holder")
 
 
 def meta_over_storage_of(shape: Sequence, strides: Sequence, dtype: torch.dtype, storage_bytes: Any) -> torch.Tensor:
     """A fresh meta tensor of these sizes and strides over a storage of its own of ``storage_bytes``
     (a SymInt kept as it is): no autograd view, and no SymInt arithmetic. ``torch.empty`` of a
     symbolic size computes and checks the storage's bytes again, four SymInt operations through
-    python; resizing an empty tensor's storage takes the expression the caller already holds."""
-    flat = torch.empty((0,), dtype=dtype, device="meta")
-    _resize_storage_bytes(flat, storage_bytes)
+    python; a wrapper tensor's storage is constructed with the expression the caller already holds
+    (constructed, not resized: a storage resized to a SymInt reads its bytes as garbage in C++)."""
+    holder = torch.Tensor._make_wrapper_subclass(_StorageOfItsOwn, (0,), dtype=dtype, device="meta",
+                                                 storage_size=storage_bytes)
+    flat = torch.empty((0,), dtype=dtype, device="meta").set_(holder.untyped_storage(), 0, (0,), (1,))
     with below_autograd_views():
         return flat.as_strided(shape, strides)
 
@@ -304,15 +314,17 @@ DispatchKey = torch._C.DispatchKey
 
 
 def _dropout_returns_its_input(input: Any, p: float, train: bool | None) -> bool:
-    return not train or p == 0
+    return not train or p == 0 or (isinstance(input, torch.Tensor)
+                                   and any(type(size) is int and size == 0 for size in input.shape))
 
 
 ATEN_COMPOSITE_OVER_PYTHON_KERNEL = {
     torch.ops.aten.dropout.default: (
         "with train=False or p=0 ATen's composite returns the input itself, torch's python kernel a clone "
         "(an expanded or sliced input loses its strides). In training it asks whether the input is empty "
-        "(then it returns the input, whose strides address nothing): refused for a size that may be 0, "
-        "where torch's python kernel (native_dropout) lays the result out as ATen's does otherwise",
+        "(then it returns the input, whose strides address nothing): a size that is 0 makes it so on sight; "
+        "one that may be 0 would be refused, where torch's python kernel (native_dropout) lays the result "
+        "out as ATen's does otherwise",
         _dropout_returns_its_input),
 }
 """CompositeImplicitAutograd ops whose python kernel (``py_impl``, which torch's python dispatcher

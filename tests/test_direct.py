@@ -473,17 +473,20 @@ def test_a_compiled_model_equals_dynamos_values_on_every_node(name, dynamic):
     assert differing == []
 
 
-@pytest.mark.parametrize("shape", [("B", "T", 8), (1, "B", 1, "T"), ("B",), ("B", 0, "T"), ("B", "u")])
+@pytest.mark.parametrize("shape", [("B", "T", 8), (1, "B", 1, "T"), ("B",), ("B", 0, "T"), ("B", "u"), ("B", "T+1", 8),
+                                   ("T+1", 8, "B")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.float64])
 def test_an_empty_result_of_symbolic_sizes_is_torch_empty(shape, dtype):
     """The direct rules' contiguous results: the sizes, strides, storage bytes and autograd state
-    ``torch.empty`` gives, as expressions (``u``: a data-dependent size, left to ``torch.empty``)."""
+    ``torch.empty`` gives, as expressions (``u``: a data-dependent size, left to ``torch.empty``),
+    and a storage whose symbolic size C++ refuses to read as an int, as ``torch.empty``'s does."""
     from torch._dynamo.source import ConstantSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
     env = ShapeEnv()
     sizes = {name: env.create_symintnode(env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC),
                                          hint=hint) for name, hint in (("B", 3), ("T", 5))}
     sizes["u"] = env.create_unbacked_symint()
+    sizes["T+1"] = sizes["T"] + 1
     shape = tuple(sizes.get(size, size) for size in shape)
     ours, torchs = direct.empty_contiguous(shape, dtype), torch.empty(shape, dtype=dtype, device="meta")
 
@@ -491,3 +494,10 @@ def test_an_empty_result_of_symbolic_sizes_is_torch_empty(shape, dtype):
         return (tuple(map(str, (*tensor.shape, *tensor.stride(), tensor.storage_offset(),
                                 tensor.untyped_storage().nbytes()))), tensor.dtype, tensor._is_view(), tensor.requires_grad)
     assert described(ours) == described(torchs)
+
+    def size_read_by_cpp(tensor):
+        try:
+            return len(tensor.untyped_storage())
+        except RuntimeError:
+            return "refused"
+    assert size_read_by_cpp(ours) == size_read_by_cpp(torchs)

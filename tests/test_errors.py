@@ -34,6 +34,19 @@ def test_shape_error_names_node_inputs_and_source_line():
     assert isinstance(error.__cause__, RuntimeError)
 
 
+def test_an_error_describes_a_storage_of_symbolic_size_among_its_inputs():
+    """A storage's repr reads its size as an int, which C++ refuses for a symbolic one: describing the
+    inputs raised that instead of the node's error. Setting a tensor to a storage of symbolic size is
+    refused so, as torch's own FakeTensor run of the graph refuses it."""
+    def set_to_storage(x):
+        return x.new_empty(0).set_(torch.nn.functional.layer_norm(x, (8,)).untyped_storage())
+    gm = torch.fx.symbolic_trace(set_to_storage)
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(gm, fxprop.TensorSpec(("B", 8)))
+    assert caught.value.node_name == "set_"
+    assert "UntypedStorage(nbytes=32*B)" in str(caught.value)
+
+
 def test_failed_propagate_leaves_metadata_as_it_was():
     gm = torch.fx.symbolic_trace(Broken())
     fxprop.propagate(gm, fxprop.TensorSpec((3, 8)), ) if False else None

@@ -661,6 +661,23 @@ def test_dropout_in_training_on_a_size_that_may_be_0_propagates_as_real_executio
 
 
 
+def test_dropout_in_training_of_an_empty_input_with_symbolic_sizes_returns_the_input_as_real_execution():
+    """ATen's composite returns an empty input itself in training; torch's python kernel, which
+    symbolic sizes run, gave a fresh tensor of its own storage."""
+    def dropouts(x):
+        return F.dropout(x, 0.5, True), F.dropout(x.transpose(0, 2), 0.5, True)
+    real_input = torch.randn(5, 0, 8)
+    real = dropouts(real_input)
+    gm = torch.fx.symbolic_trace(dropouts)
+    ours = fxprop.propagate(gm, TensorSpec(("B", 0, 8)))
+    ours_input = next(iter(gm.graph.nodes)).meta["val"]
+    for value, real_value in zip(ours, real):
+        assert real_value.untyped_storage()._cdata == real_input.untyped_storage()._cdata
+        assert value.untyped_storage()._cdata == ours_input.untyped_storage()._cdata
+    assert real[0] is real_input
+    check_strides(gm, {B: 5}, (real_input,))
+
+
 @pytest.mark.parametrize("pad", [(-2, 2, 2, -2), (-1, -1), (0, -3, 1, 1)], ids=str)
 def test_negative_padding_of_named_dims_assumes_what_real_kernels_narrow_by(pad):
     """Real kernels narrow the input by each negative pad before anything else; torch's meta kernel,

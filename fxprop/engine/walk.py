@@ -396,6 +396,8 @@ def _describe(value: Any) -> str:
                 f"device={device_of(value)}{', requires_grad=True' if value.requires_grad else ''})")
     if isinstance(value, (list, tuple)) and any(isinstance(item, torch.Tensor) for item in value):
         return "[" + ", ".join(_describe(item) for item in value) + "]"
+    if isinstance(value, torch.UntypedStorage):  # its repr reads a symbolic size as an int, and raises
+        return f"UntypedStorage(nbytes={value.nbytes()})"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

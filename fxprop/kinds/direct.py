@@ -196,9 +196,12 @@ def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
             size.node.expr.is_positive if isinstance(size, torch.SymInt) else type(size) is int and size > 0
             for size in shape):
         return torch.empty(shape, dtype=dtype, device="meta")
-    strides, numel = [], 1
+    strides, running = [], 1
     for size in reversed(shape):
-        strides.append(numel)
+        strides.append(running)
+        running = running * size
+    numel = shape[0]  # multiplied from the first size on, as torch's multiply_integers: (B*(T+1))*8, not B*(8*T+8)
+    for size in shape[1:]:
         numel = numel * size
     return meta_over_storage_of(shape, strides[::-1], dtype, numel * dtype.itemsize)
 
