@@ -196,14 +196,13 @@ def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
             size.node.expr.is_positive if isinstance(size, torch.SymInt) else type(size) is int and size > 0
             for size in shape):
         return torch.empty(shape, dtype=dtype, device="meta")
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running = running * size
+    strides = [1] * len(shape)
+    for dim in range(len(shape) - 2, -1, -1):
+        strides[dim] = strides[dim + 1] * shape[dim + 1]
     numel = shape[0]  # multiplied from the first size on, as torch's multiply_integers: (B*(T+1))*8, not B*(8*T+8)
     for size in shape[1:]:
         numel = numel * size
-    return meta_over_storage_of(shape, strides[::-1], dtype, numel * dtype.itemsize)
+    return meta_over_storage_of(shape, strides, dtype, numel * dtype.itemsize)
 
 
 def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
