@@ -142,6 +142,9 @@ any_autocast_enabled = torch._C._is_any_autocast_enabled
 below_autograd_views = torch._C._AutoDispatchBelowADInplaceOrView  # as_strided that makes no autograd view
 
 
+MIN_MAX = (sympy.Min, sympy.Max, sympy_functions.Min, sympy_functions.Max)
+
+
 class _StorageOfItsOwn(torch.Tensor):
     """A wrapper tensor made only for the storage it is made with (`meta_over_storage_of`); no op
     ever runs on it."""
@@ -157,6 +160,8 @@ def meta_over_storage_of(shape: Sequence, strides: Sequence, dtype: torch.dtype,
     symbolic size computes and checks the storage's bytes again, four SymInt operations through
     python; a wrapper tensor's storage is constructed with the expression the caller already holds
     (constructed, not resized: a storage resized to a SymInt reads its bytes as garbage in C++)."""
+    if isinstance(storage_bytes, torch.SymInt) and storage_bytes.node.maybe_as_int() is not None:
+        storage_bytes = storage_bytes.node.maybe_as_int()  # a size the ShapeEnv has fixed: torch's arithmetic gives an int
     holder = torch.Tensor._make_wrapper_subclass(_StorageOfItsOwn, (0,), dtype=dtype, device="meta",
                                                  storage_size=storage_bytes)
     flat = torch.empty((0,), dtype=dtype, device="meta").set_(holder.untyped_storage(), 0, (0,), (1,))

@@ -474,7 +474,7 @@ def test_a_compiled_model_equals_dynamos_values_on_every_node(name, dynamic):
 
 
 @pytest.mark.parametrize("shape", [("B", "T", 8), (1, "B", 1, "T"), ("B",), ("B", 0, "T"), ("B", "u"), ("B", "T+1", 8),
-                                   ("T+1", 8, "B")])
+                                   ("T+1", 8, "B"), (4, "max(B, T)"), ("max(B, T)", 2, "min(B, T)")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.float64])
 def test_an_empty_result_of_symbolic_sizes_is_torch_empty(shape, dtype):
     """The direct rules' contiguous results: the sizes, strides, storage bytes and autograd state
@@ -487,6 +487,7 @@ def test_an_empty_result_of_symbolic_sizes_is_torch_empty(shape, dtype):
                                          hint=hint) for name, hint in (("B", 3), ("T", 5))}
     sizes["u"] = env.create_unbacked_symint()
     sizes["T+1"] = sizes["T"] + 1
+    sizes["max(B, T)"], sizes["min(B, T)"] = torch.sym_max(sizes["B"], sizes["T"]), torch.sym_min(sizes["B"], sizes["T"])
     shape = tuple(sizes.get(size, size) for size in shape)
     ours, torchs = direct.empty_contiguous(shape, dtype), torch.empty(shape, dtype=dtype, device="meta")
 
@@ -501,3 +502,14 @@ def test_an_empty_result_of_symbolic_sizes_is_torch_empty(shape, dtype):
         except RuntimeError:
             return "refused"
     assert size_read_by_cpp(ours) == size_read_by_cpp(torchs)
+
+
+def test_results_of_sizes_the_shape_env_fixed_have_storages_of_ints():
+    """``x.view(3, 8)`` of (B, 8) fixes B to 3: torch's arithmetic on B then gives ints, and so a
+    storage of an int size, which C++ reads."""
+    def fixed(x):
+        x.view(3, 8)
+        return torch.nn.functional.layer_norm(x, (8,)), x * 2, x.sum(-1)
+    gm = torch.fx.symbolic_trace(fixed)
+    for result, real in zip(fxprop.propagate(gm, fxprop.TensorSpec(("B", 8)), cache=False), fixed(torch.randn(3, 8))):
+        assert (len(result.untyped_storage()), result.stride()) == (len(real.untyped_storage()), real.stride())

@@ -31,7 +31,7 @@ import torch
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of)
+                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of, MIN_MAX)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -189,11 +189,12 @@ def _expression(size: Any) -> Any:
 
 def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device="meta")``. With symbolic sizes, each positive by its
-    symbols' declarations, its row-major strides and storage bytes are computed once, in the
-    expressions torch's would take (``max(size, 1)`` is the size itself), where ``torch.empty``
-    computes them, its element count and checks of them again in SymInt arithmetic."""
+    symbols' declarations and free of min and max (whose ``max(size, 1)`` torch keeps as it is), its
+    row-major strides and storage bytes are computed once, in the expressions torch's would take
+    (``max(size, 1)`` is the size itself), where ``torch.empty`` computes them, its element count
+    and checks of them again in SymInt arithmetic."""
     if not any(isinstance(size, torch.SymInt) for size in shape) or not all(
-            size.node.expr.is_positive if isinstance(size, torch.SymInt) else type(size) is int and size > 0
+            _plain_positive(size.node.expr) if isinstance(size, torch.SymInt) else type(size) is int and size > 0
             for size in shape):
         return torch.empty(shape, dtype=dtype, device="meta")
     strides = [1] * len(shape)
@@ -203,6 +204,10 @@ def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
     for size in shape[1:]:
         numel = numel * size
     return meta_over_storage_of(shape, strides, dtype, numel * dtype.itemsize)
+
+
+def _plain_positive(size: sympy.Expr) -> bool:
+    return bool(size.is_positive) and not size.has(*MIN_MAX)
 
 
 def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = None) -> torch.Tensor:
