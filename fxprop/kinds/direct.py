@@ -30,8 +30,8 @@ import torch
 
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
-from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of, MIN_MAX)
+from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, MIN_MAX, below_autograd_views, elementwise_dtypes,
+                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -189,10 +189,10 @@ def _expression(size: Any) -> Any:
 
 def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device="meta")``. With symbolic sizes, each positive by its
-    symbols' declarations and free of min and max (whose ``max(size, 1)`` torch keeps as it is), its
-    row-major strides and storage bytes are computed once, in the expressions torch's would take
-    (``max(size, 1)`` is the size itself), where ``torch.empty`` computes them, its element count
-    and checks of them again in SymInt arithmetic."""
+    symbols' declarations and free of min and max, its row-major strides and storage bytes are
+    computed once, in the expressions torch's take (``max(size, 1)``, torch's factor of a stride, is
+    then the size itself; torch keeps ``max(Max(B, C), 1)`` as ``Max(1, B, C)``), where
+    ``torch.empty`` computes them, its element count and checks of them again in SymInt arithmetic."""
     if not any(isinstance(size, torch.SymInt) for size in shape) or not all(
             _plain_positive(size.node.expr) if isinstance(size, torch.SymInt) else type(size) is int and size > 0
             for size in shape):
