@@ -200,10 +200,16 @@ def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
     strides = [1] * len(shape)
     for dim in range(len(shape) - 2, -1, -1):
         strides[dim] = strides[dim + 1] * shape[dim + 1]
-    numel = shape[0]  # multiplied from the first size on, as torch's multiply_integers: (B*(T+1))*8, not B*(8*T+8)
+    return meta_over_storage_of(shape, strides, dtype, _element_count(shape) * dtype.itemsize)
+
+
+def _element_count(shape: Sequence) -> Any:
+    """The product of the sizes, multiplied from the first on as torch's ``multiply_integers`` does:
+    ``(B*(T+1))*8``, not ``B*(8*T+8)``."""
+    count = shape[0]
     for size in shape[1:]:
-        numel = numel * size
-    return meta_over_storage_of(shape, strides, dtype, numel * dtype.itemsize)
+        count = count * size
+    return count
 
 
 def _plain_positive(size: sympy.Expr) -> bool:
@@ -216,9 +222,7 @@ def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = 
     computes a storage's extent in SymInt arithmetic, dims times over, where this takes the count of
     elements (``numel``, an operand's where one has the shape) times the element's size."""
     if numel is None:
-        numel = 1
-        for size in shape:
-            numel = numel * size
+        numel = _element_count(shape)
     if isinstance(numel, torch.SymInt) and not numel.node.expr.is_nonnegative:
         flat = torch.empty((numel,), dtype=dtype, device="meta")  # its check of the size is one torch would make
         with below_autograd_views():
