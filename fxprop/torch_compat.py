@@ -188,6 +188,21 @@ def own_state(module: torch.nn.Module) -> tuple[dict, dict, dict]:
     return module._parameters, module._buffers, module._modules
 
 
+def size_expression(size: Any) -> Any:
+    """``size.node.expr``: a SymInt's (SymFloat's, SymBool's) expression after the ShapeEnv's
+    replacements, without the property's walk of the whole expression (``is_number``) on every
+    read: the node's own memo of it is read directly while it is current."""
+    node = size.node
+    env = node.shape_env
+    if env is not None:
+        version = env._replacements_version_counter
+        if version == 0:
+            return node._expr
+        if node._expr_cache is not None and node._expr_ver == version:
+            return node._expr_cache
+    return node.expr
+
+
 def has_symbolic_sizes(tensor: torch.Tensor) -> bool:
     """Whether any of the tensor's sizes, strides or offset is symbolic (one flag read, no scan)."""
     return tensor._has_symbolic_sizes_strides
@@ -208,6 +223,16 @@ def autograd_restricts_in_place(view: torch.Tensor) -> bool:
     base = view._base
     return (torch._C._autograd._get_creation_meta(view) != torch._C._autograd.CreationMeta.DEFAULT
             and (view.requires_grad or (base is not None and base.requires_grad)))
+
+
+def restricted_as_a_view_of(view: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether a view made afresh of ``source`` is refused in place as ``view`` is: autograd gives
+    a view of a view its source's restriction (`autograd_restricts_in_place`), so a restricted
+    ``view`` is rebuilt alike only when the restriction is its source's."""
+    if not autograd_restricts_in_place(view):
+        return True
+    creation_meta = torch._C._autograd._get_creation_meta
+    return source._is_view() and creation_meta(view) == creation_meta(source)
 
 
 def function_mode_stack() -> list:

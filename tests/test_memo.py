@@ -266,3 +266,57 @@ def test_torch_functional_is_not_a_functorch_package():
     real = gm(torch.randn(4, 2))
     assert values == [(tuple(real.shape), real.stride())] * 3
     assert cache.stats()["hits"] > 0 and cache.stats()["replays"] == 1
+
+
+class SplitHeads(torch.nn.Module):
+    """Attention's split of a projection into query, key and value, viewed as heads, twice over:
+    views of ``split``'s outputs, which autograd restricts in place as it restricts the outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.projections = torch.nn.ModuleList(torch.nn.Linear(16, 48) for _ in range(2))
+
+    def forward(self, x):
+        for projection in self.projections:
+            q, k, v = projection(x).split(16, dim=-1)
+            heads = [t.view(x.size(0), x.size(1), 4, 4).transpose(1, 2) for t in (q, k, v)]
+            x = x + (heads[0] * heads[1] + heads[2]).transpose(1, 2).reshape(x.shape)
+        return x
+
+
+def _write_into_a_view_of_a_split_output(x):
+    q, k = (x * 2).split(2, dim=0)
+    q.view(-1).add_(1)
+    return k
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 16), ("B", "T", 16)])
+def test_views_of_split_outputs_are_memoized_and_equal_fresh_ones(shape):
+    """A view of a view autograd restricts in place (one of ``split``'s outputs) is rebuilt over the
+    same input, which gives it the same restriction: such views are kept, and equal fresh ones."""
+    cache = fxprop.RuleCache()
+    warm = torch.fx.symbolic_trace(SplitHeads())
+    for _ in range(2):
+        fxprop.propagate(warm, TensorSpec(shape), cache=cache)
+    fresh = torch.fx.symbolic_trace(SplitHeads())
+    fxprop.propagate(fresh, TensorSpec(shape), cache=False)
+    assert _values(warm) == _values(fresh)
+    if isinstance(shape[0], int):
+        assert cache.stats()["hits"] > 0
+        real = SplitHeads()(torch.randn(shape))
+        out = next(node for node in warm.graph.nodes if node.op == "output").args[0].meta["val"]
+        assert (out.shape, out.stride(), out.requires_grad) == (real.shape, real.stride(), real.requires_grad)
+
+
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_writing_into_a_view_of_a_split_output_is_refused_from_a_warm_cache_as_autograd_refuses_it(cache):
+    gm = torch.fx.symbolic_trace(_write_into_a_view_of_a_split_output)
+    x = torch.randn(4, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        gm(x)
+    memo = fxprop.RuleCache() if cache is True else cache
+    for _ in range(2):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, x, cache=memo)
+        assert not isinstance(caught.value, fxprop.InternalError)
+        assert caught.value.error_type is RuntimeError and "returns multiple views" in str(caught.value)

@@ -24,7 +24,7 @@ from ..engine import session as context
 from ..symbolic.sizes import DecidedSizes, Undecided, kept, propagation_memo
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, OpOverload, elementwise_dtypes,
                             is_non_overlapping_and_dense as is_non_overlapping_and_dense_or_false,
-                            make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of)
+                            make_channels_last_2d_strides_for, make_contiguous_strides_for, schema_of, size_expression)
 
 # Scalar arguments ATen wraps into 0-dim tensors that take part in the iteration, as in
 # add.Scalar(self, other), eq.Scalar(self, other) or special_zeta.self_scalar(self, other) --
@@ -275,7 +275,7 @@ def decided_tensor_iterator_strides(shape: Sequence[Any], operands: Sequence[Any
 
 
 def _expressions(sizes: Sequence[Any]) -> tuple:
-    return tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in sizes)
+    return tuple(size_expression(size) if isinstance(size, torch.SymInt) else size for size in sizes)
 
 
 def decided_dense(tensor: torch.Tensor) -> bool:

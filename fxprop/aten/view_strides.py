@@ -18,7 +18,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from .. import ambient, symbolic
 from ..memo.signatures import Uncacheable, symbolic_signature
 from ..symbolic.sizes import static_truth
-from ..torch_compat import DATA_DEPENDENT_ERRORS, storage_key
+from ..torch_compat import DATA_DEPENDENT_ERRORS, size_expression, storage_key
 
 aten = torch.ops.aten
 VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
@@ -108,21 +108,21 @@ def plain_view(args: tuple) -> torch.Tensor | None:
     if not isinstance(size, (list, tuple)) or source.dim() == 0 or not size:
         return None
     numel = source.numel()
-    if not isinstance(numel, torch.SymInt) or not _backed_positive(numel.node.expr) or any(
-            isinstance(stride, torch.SymInt) and free_unbacked_symbols(stride.node.expr) for stride in source.stride()):
+    if not isinstance(numel, torch.SymInt) or not _backed_positive(size_expression(numel)) or any(
+            isinstance(stride, torch.SymInt) and free_unbacked_symbols(size_expression(stride)) for stride in source.stride()):
         return None
     inferred, known = None, []
     for i, dim in enumerate(size):
         if type(dim) is int and dim == -1 and inferred is None:
             inferred = i
-        elif (type(dim) is int and dim >= 0) or (isinstance(dim, torch.SymInt) and dim.node.expr.is_nonnegative):
+        elif (type(dim) is int and dim >= 0) or (isinstance(dim, torch.SymInt) and size_expression(dim).is_nonnegative):
             known.append(dim)
         else:
             return None
     known_count = sympy.Mul(*(_expression(dim) for dim in known))
     if inferred is None:
-        return _strided_view(source, list(size)) if known_count == numel.node.expr else None
-    if not (known_count.is_positive and (numel.node.expr / known_count).is_integer):
+        return _strided_view(source, list(size)) if known_count == size_expression(numel) else None
+    if not (known_count.is_positive and (size_expression(numel) / known_count).is_integer):
         return None
     newsize = 1
     for dim in known:
@@ -147,7 +147,7 @@ def _backed_positive(expr: sympy.Expr) -> bool:
 
 
 def _expression(size: Any) -> sympy.Expr:
-    return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
+    return size_expression(size) if isinstance(size, torch.SymInt) else sympy.Integer(size)
 
 
 def as_aten_views(op, args: tuple, result):

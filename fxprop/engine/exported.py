@@ -24,7 +24,7 @@ import torch
 from ..call import leaves_of
 from ..errors import InputError
 from ..symbolic import program_range
-from ..torch_compat import FakeTensor, pytree
+from ..torch_compat import FakeTensor, pytree, size_expression
 
 
 def program_inputs(program: torch.export.ExportedProgram, inputs: tuple) -> list:
@@ -61,7 +61,7 @@ def user_outputs(program: torch.export.ExportedProgram, outputs: Any) -> Any:
     flat = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     mine = [value for value, spec in zip(flat, program.graph_signature.output_specs)
             if spec.kind.name == "USER_OUTPUT"]
-    out_spec = program.call_spec.out_spec
+    out_spec = _call_specs(program)[1]
     return pytree.tree_unflatten(mine, out_spec) if out_spec is not None else tuple(mine)
 
 
@@ -79,7 +79,7 @@ def sync_symbols(program: torch.export.ExportedProgram) -> None:
             sizes = _sizes_in(node.meta.get("val"))
             found: set = set()
             for size in sizes:
-                expr = size.node.expr
+                expr = size_expression(size)
                 symbols = symbols_of.get(expr)
                 if symbols is None:
                     symbols = symbols_of[expr] = expr.free_symbols
@@ -150,11 +150,18 @@ def _sizes_in(value: Any) -> list:
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
+def _call_specs(program: torch.export.ExportedProgram) -> tuple:
+    """``program.call_spec``'s (in_spec, out_spec), read where it reads them: the property defines
+    its named tuple's class again on every read."""
+    calls = program.module_call_graph
+    return (calls[0].signature.in_spec, calls[0].signature.out_spec) if calls else (None, None)
+
+
 _END = object()
 
 
 def _flat_user_inputs(program: torch.export.ExportedProgram, inputs: tuple) -> list:
-    in_spec = program.call_spec.in_spec
+    in_spec = _call_specs(program)[0]
     if in_spec is not None and in_spec.num_children == 2:  # (args, kwargs)
         flat, spec = pytree.tree_flatten((tuple(inputs), {}))
         if spec == in_spec:

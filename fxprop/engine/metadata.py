@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 from ..symbolic import known_laid_out_in
-from ..torch_compat import FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr
+from ..torch_compat import (FakeTensor, FakeTensorMode, has_symbolic_sizes, make_subclass, set_throw_on_mutable_data_ptr,
+                            size_expression)
 from torch.fx.passes.shape_prop import TensorMetadata
 
 _FORMATS = (torch.contiguous_format, torch.channels_last, torch.channels_last_3d)
@@ -57,7 +58,7 @@ def tensor_metadata(meta: torch.Tensor, symbolic_formats: dict | None = None) ->
     stride = meta.stride()
     memory_format = None
     if has_symbolic_sizes(meta):
-        key = tuple(size.node.expr if isinstance(size, torch.SymInt) else size for size in (*shape, None, *stride))
+        key = tuple(size_expression(size) if isinstance(size, torch.SymInt) else size for size in (*shape, None, *stride))
         if symbolic_formats is not None and key in symbolic_formats:
             memory_format = symbolic_formats[key]
         else:

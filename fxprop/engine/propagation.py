@@ -31,7 +31,7 @@ from ..call import Call
 from ..memo.backend_flags import environment
 from ..memo.purity import is_pure, may_differentiate
 from ..memo.cache import CallMemo, RuleCache, rule_cache, verify_by_default
-from ..memo.signatures import TensorSignatures, symbolic_signature
+from ..memo.signatures import TensorSignatures
 from .metadata import FakeTensorFactory, map_structure
 from .session import NodeRecord, Session
 from ..devices import default_device_if_set, logical_default_device
@@ -291,6 +291,7 @@ class Propagation:
         self.known_inputs: dict[str, torch.Tensor] | None = None  # set when the root's placeholders run
         self.symbolic_memo = RuleCache(max_entries=1 << 16)
         self.signatures = TensorSignatures()
+        self.symbolic_signatures = TensorSignatures(symbolic=True)
         self.symbolic_formats: dict = {}  # memory formats of symbolic sizes, by their expressions
         self.recordings: dict[torch.fx.Node, Any] | None = None  # what the walk staged, to replay (`replaying`)
 
@@ -434,7 +435,7 @@ class Propagation:
         if self._differentiates is None:
             self._differentiates = may_differentiate(self.gm)
         return CallMemo.for_call(cache, op, call, target_key, context, self._differentiates,
-                                 symbolic_signature if symbolic_call else self.signatures)
+                                 self.symbolic_signatures if symbolic_call else self.signatures)
 
     def commit(self) -> None:
         for node, (fake, tensor_meta, value_type, provenance) in self.staged.items():

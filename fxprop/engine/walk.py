@@ -224,6 +224,7 @@ class GraphWalk:
                 if self.propagation.options.memo is not None:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
+                    self.propagation.symbolic_signatures.forget()
                     self.propagation.refresh_environment()
             elif hit is None and not created_symbols and not reads_process_state(node, value):
                 values = self.propagation.values_held_by(value)

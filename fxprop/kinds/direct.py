@@ -31,7 +31,7 @@ import torch
 from ..aten.layout import decided_dense, decided_tensor_iterator_strides
 from ..symbolic import known_laid_out_in
 from ..torch_compat import (ELEMENTWISE_TYPE_PROMOTION_KIND, MIN_MAX, below_autograd_views, elementwise_dtypes,
-                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of)
+                            has_symbolic_sizes, is_non_overlapping_and_dense, meta_over_storage_of, size_expression)
 
 aten = torch.ops.aten
 _DEFAULT = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
@@ -184,7 +184,7 @@ def _contiguous_as_torch_empty_strides_it(tensor: torch.Tensor) -> bool:
 
 
 def _expression(size: Any) -> Any:
-    return size.node.expr if isinstance(size, torch.SymInt) else size
+    return size_expression(size) if isinstance(size, torch.SymInt) else size
 
 
 def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
@@ -194,7 +194,7 @@ def empty_contiguous(shape: Sequence, dtype: torch.dtype) -> torch.Tensor:
     then the size itself; torch keeps ``max(Max(B, C), 1)`` as ``Max(1, B, C)``), where
     ``torch.empty`` computes them, its element count and checks of them again in SymInt arithmetic."""
     if not any(isinstance(size, torch.SymInt) for size in shape) or not all(
-            _plain_positive(size.node.expr) if isinstance(size, torch.SymInt) else type(size) is int and size > 0
+            _plain_positive(size_expression(size)) if isinstance(size, torch.SymInt) else type(size) is int and size > 0
             for size in shape):
         return torch.empty(shape, dtype=dtype, device="meta")
     strides = [1] * len(shape)
@@ -223,7 +223,7 @@ def dense_result(shape: tuple, strides: tuple, dtype: torch.dtype, numel: Any = 
     elements (``numel``, an operand's where one has the shape) times the element's size."""
     if numel is None:
         numel = _element_count(shape)
-    if isinstance(numel, torch.SymInt) and not numel.node.expr.is_nonnegative:
+    if isinstance(numel, torch.SymInt) and not size_expression(numel).is_nonnegative:
         flat = torch.empty((numel,), dtype=dtype, device="meta")  # its check of the size is one torch would make
         with below_autograd_views():
             return flat.as_strided(shape, strides)
@@ -261,7 +261,7 @@ def plain_broadcast(shapes: list) -> tuple | None:
 def _same_size(a: Any, b: Any) -> bool:
     if type(a) is int and type(b) is int:
         return a == b
-    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and a.node.expr == b.node.expr
+    return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and size_expression(a) == size_expression(b)
 
 
 def same_sizes(shape: Any, other: tuple) -> bool:

@@ -27,7 +27,7 @@ from ..devices import device_of, tag
 from ..call import Call
 from .purity import is_pure
 from ..errors import FallbackLimitError
-from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
+from ..torch_compat import (DelayedError, allocations_measurable, below_autograd_views, restricted_as_a_view_of,
                             functorch_depth, is_view, meta_over_storage_of, storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
@@ -200,7 +200,7 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
             return None if shares_storage else record
         index = aliased[0]
         if (inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad
-                or autograd_restricts_in_place(value)):
+                or not restricted_as_a_view_of(value, inputs[index])):
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,

@@ -14,6 +14,7 @@ from typing import Any, Hashable
 import torch
 
 from ..devices import device_of
+from ..torch_compat import size_expression
 
 
 class Uncacheable(Exception):
@@ -85,27 +86,31 @@ _INTEGERS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.in
 
 
 class TensorSignatures:
-    """`signature` for the calls of one propagation, each tensor's part computed once: a graph's
-    values feed several calls. A call that may change a tensor's metadata (anything not memoized:
-    in-place and ``out=`` ops, ``requires_grad_``, the user's code) must be followed by `forget`."""
+    """`signature` (``symbolic``: `symbolic_signature`) for the calls of one propagation, each
+    tensor's part computed once: a graph's values feed several calls. A call that may change a
+    tensor's metadata (anything not memoized: in-place and ``out=`` ops, ``requires_grad_``, the
+    user's code) must be followed by `forget`."""
 
-    def __init__(self) -> None:
+    def __init__(self, symbolic: bool = False) -> None:
         self._known: dict[int, tuple[torch.Tensor, Hashable]] = {}
+        self._sign_tensor = _symbolic_tensor_signature if symbolic else _tensor_signature
+        self._sign_other = symbolic_signature if symbolic else signature
+        self._symbolic = symbolic
 
     def __call__(self, value: Any) -> Hashable:
         kind = type(value)
-        if kind is tuple or kind is list:
+        if kind is tuple or kind is list or (self._symbolic and isinstance(value, (tuple, list))):
             return (kind, tuple([self(item) for item in value]))
-        if kind is dict:
-            return ("dict", tuple([(key, self(item)) for key, item in value.items()]))
+        if kind is dict or (self._symbolic and isinstance(value, dict)):
+            return (kind if self._symbolic else "dict", tuple([(key, self(item)) for key, item in value.items()]))
         if isinstance(value, torch.Tensor):
             known = self._known.get(id(value))
             if known is not None and known[0] is value:
                 return known[1]
-            found = _tensor_signature(value)
+            found = self._sign_tensor(value)
             self._known[id(value)] = (value, found)
             return found
-        return signature(value)
+        return self._sign_other(value)
 
     def forget(self) -> None:
         self._known.clear()
@@ -115,21 +120,25 @@ _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _expression(size: Any) -> Hashable:
-    return ("sym", size.node.expr) if isinstance(size, _SYMBOLIC_SCALARS) else size
+    return ("sym", size_expression(size)) if isinstance(size, _SYMBOLIC_SCALARS) else size
+
+
+def _symbolic_tensor_signature(value: torch.Tensor) -> Hashable:
+    if value.layout is not torch.strided:
+        raise Uncacheable
+    bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
+    return (tuple(map(_expression, value.shape)), tuple(map(_expression, value.stride())),
+            _expression(value.storage_offset()), value.dtype, device_of(value), value.requires_grad,
+            value.requires_grad and value.is_leaf, bits)
 
 
 def symbolic_signature(value: Any) -> Hashable:
     """`signature` for a call with symbolic sizes: a size stands for its expression. Expressions
     name the symbols of one ShapeEnv, so such keys belong to one propagation's memo only."""
     if isinstance(value, torch.Tensor):
-        if value.layout is not torch.strided:
-            raise Uncacheable
-        bits = (value.is_conj(), value.is_neg()) if value.is_complex() else ()
-        return (tuple(map(_expression, value.shape)), tuple(map(_expression, value.stride())),
-                _expression(value.storage_offset()), value.dtype, device_of(value), value.requires_grad,
-                value.requires_grad and value.is_leaf, bits)
+        return _symbolic_tensor_signature(value)
     if isinstance(value, _SYMBOLIC_SCALARS):
-        return (type(value), value.node.expr)
+        return (type(value), size_expression(value))
     # subclasses too: a node's list arguments are fx's immutable_list
     if isinstance(value, (tuple, list)):
         return (type(value), tuple([symbolic_signature(item) for item in value]))

@@ -362,12 +362,12 @@ class SymbolicSession:
         """Refuse results whose expressions grew past `MAX_EXPR_OPS`."""
         from ..torch_compat import pytree
         if isinstance(value, torch.SymInt):
-            self.check_expr(value.node.expr)
+            self.check_expr(torch_compat.size_expression(value))
         for tensor in pytree.tree_leaves(value):
             if isinstance(tensor, torch.Tensor):
                 for dim in tensor.shape:
                     if isinstance(dim, torch.SymInt):
-                        self.check_expr(dim.node.expr)
+                        self.check_expr(torch_compat.size_expression(dim))
 
     def check_expr(self, expr: sympy.Expr) -> None:
         if expr in self._sizes_checked:

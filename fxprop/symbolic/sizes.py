@@ -237,7 +237,7 @@ def _relation(kind, a: Any, b: Any):
 
 def _as_sympy(value: Any) -> Any:
     if isinstance(value, torch.SymInt):
-        return value.node.expr
+        return torch_compat.size_expression(value)
     if isinstance(value, (bool, int)):
         return sympy.Integer(value)
     if isinstance(value, sympy.Basic):
