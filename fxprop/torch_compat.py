@@ -225,16 +225,6 @@ def autograd_restricts_in_place(view: torch.Tensor) -> bool:
             and (view.requires_grad or (base is not None and base.requires_grad)))
 
 
-def restricted_as_a_view_of(view: torch.Tensor, source: torch.Tensor) -> bool:
-    """Whether a view made afresh of ``source`` is refused in place as ``view`` is: autograd gives
-    a view of a view its source's restriction (`autograd_restricts_in_place`), so a restricted
-    ``view`` is rebuilt alike only when the restriction is its source's."""
-    if not autograd_restricts_in_place(view):
-        return True
-    creation_meta = torch._C._autograd._get_creation_meta
-    return source._is_view() and creation_meta(view) == creation_meta(source)
-
-
 def function_mode_stack() -> list:
     """The TorchFunctionModes in effect (``with torch.device(...)`` is one)."""
     from torch.overrides import _get_current_function_mode_stack
@@ -682,10 +672,17 @@ def _never_traced(code: types.CodeType) -> None:
 
 def dispatch_without_importing_dynamo(mode_type: type) -> None:
     """torch wraps every TorchDispatchMode's ``__torch_dispatch__`` so that dynamo never traces into
-    it (`_call_without_dynamo_until_imported`); a subclass's method calls its bases' through super()."""
+    it (`_call_without_dynamo_until_imported`); a subclass's method calls its bases' through super().
+    Once per mode type: the wrappers keep what was set on them."""
+    if mode_type in _modes_prepared:
+        return
     methods = [cls.__dict__["__torch_dispatch__"] for cls in mode_type.__mro__ if "__torch_dispatch__" in cls.__dict__]
     for wrapper in _dynamo_disabling_wrappers(methods):
         _call_without_dynamo_until_imported(wrapper)
+    _modes_prepared.add(mode_type)
+
+
+_modes_prepared: set[type] = set()
 
 
 def _python_kernels_without_importing_dynamo() -> None:

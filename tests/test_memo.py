@@ -3,6 +3,7 @@ signatures computed once per value. A memoized result must equal the one compute
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Any
 
 import pytest
@@ -284,16 +285,8 @@ class SplitHeads(torch.nn.Module):
         return x
 
 
-def _write_into_a_view_of_a_split_output(x):
-    q, k = (x * 2).split(2, dim=0)
-    q.view(-1).add_(1)
-    return k
-
-
 @pytest.mark.parametrize("shape", [(2, 5, 16), ("B", "T", 16)])
-def test_views_of_split_outputs_are_memoized_and_equal_fresh_ones(shape):
-    """A view of a view autograd restricts in place (one of ``split``'s outputs) is rebuilt over the
-    same input, which gives it the same restriction: such views are kept, and equal fresh ones."""
+def test_views_of_split_outputs_from_a_warm_cache_equal_fresh_ones_and_real_execution(shape):
     cache = fxprop.RuleCache()
     warm = torch.fx.symbolic_trace(SplitHeads())
     for _ in range(2):
@@ -302,21 +295,115 @@ def test_views_of_split_outputs_are_memoized_and_equal_fresh_ones(shape):
     fxprop.propagate(fresh, TensorSpec(shape), cache=False)
     assert _values(warm) == _values(fresh)
     if isinstance(shape[0], int):
-        assert cache.stats()["hits"] > 0
         real = SplitHeads()(torch.randn(shape))
         out = next(node for node in warm.graph.nodes if node.op == "output").args[0].meta["val"]
         assert (out.shape, out.stride(), out.requires_grad) == (real.shape, real.stride(), real.requires_grad)
 
 
+def _write_into_a_view_of_a_split_output(x):
+    q, k = (x * 2).split(2, dim=0)
+    q.view(-1).add_(1)
+    return k
+
+
+def _write_into_a_split_output_of_an_ordinary_view(x):
+    first = (x * 2).split(2, dim=1)[0]
+    first.split(1, dim=1)  # split of a split output: its outputs' restriction equals their input's
+    ordinary = (x * 3)[:, 0:2]  # the same signature as ``first``, not restricted
+    ordinary.split(1, dim=1)[0].add_(1)  # split's outputs are restricted whatever their input
+    return ordinary
+
+
+@pytest.mark.parametrize("program", [_write_into_a_view_of_a_split_output,
+                                     _write_into_a_split_output_of_an_ordinary_view])
 @pytest.mark.parametrize("cache", [False, True, "verify"])
-def test_writing_into_a_view_of_a_split_output_is_refused_from_a_warm_cache_as_autograd_refuses_it(cache):
-    gm = torch.fx.symbolic_trace(_write_into_a_view_of_a_split_output)
-    x = torch.randn(4, 3, requires_grad=True)
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_writing_into_a_split_output_or_a_view_of_one_is_refused_from_a_warm_cache_as_autograd_refuses_it(
+        program, cache, symbolic):
+    """Adversary finding: outputs of a ``split`` whose input is itself a split output were kept,
+    and rebuilt over an ordinary view of the same signature without split's restriction."""
+    gm = torch.fx.symbolic_trace(program)
+    x = torch.randn(4, 4, requires_grad=True)
     with pytest.raises(RuntimeError, match="returns multiple views"):
         gm(x)
     memo = fxprop.RuleCache() if cache is True else cache
+    split_sizes = (4, "T") if program is _write_into_a_view_of_a_split_output else ("B", 4)  # the split dim concrete
+    given = TensorSpec(split_sizes, requires_grad=True) if symbolic else x
     for _ in range(2):
         with pytest.raises(fxprop.PropagationError) as caught:
-            fxprop.propagate(gm, x, cache=memo)
+            fxprop.propagate(gm, given, cache=memo)
         assert not isinstance(caught.value, fxprop.InternalError)
         assert caught.value.error_type is RuntimeError and "returns multiple views" in str(caught.value)
+
+
+def _gradients_of_two_outputs(x):
+    y, z = x * 2, x * 3
+    first = torch.autograd.grad((y * 1).sum(), [y, z], allow_unused=True, retain_graph=True)
+    second = torch.autograd.grad((z * 1).sum(), [y, z], allow_unused=True, retain_graph=True)
+    return first, second
+
+
+def _gradients_with_and_without_history(x):
+    y = x * 2
+    first = torch.autograd.grad((y * y).sum(), [y], create_graph=True)  # 2 * y: has history
+    second = torch.autograd.grad((y * 1).sum(), [y], create_graph=True)  # ones: none
+    return first, second
+
+
+def _versions(x):
+    y, z = x * 2, x * 3
+    z.add_(1)
+    return y._version, z._version
+
+
+def _meshgrids_of_a_shared_base_then_of_two(x):
+    y = x * 2
+    torch.meshgrid(y[:3], y, indexing="ij")  # both inputs view one base
+    return torch.meshgrid((x * 3)[:3], x * 4, indexing="ij")  # the same signatures, two bases
+
+
+def _tensor_values(value: Any) -> Any:
+    def describe(tensor):
+        return None if tensor is None else (tuple(tensor.shape), tensor.stride(), tensor.requires_grad)
+    return torch.utils._pytree.tree_map(lambda leaf: describe(leaf) if isinstance(leaf, torch.Tensor) else leaf,
+                                        value, is_leaf=lambda leaf: leaf is None)
+
+
+@pytest.mark.parametrize("program", [_gradients_of_two_outputs, _gradients_with_and_without_history, _versions])
+def test_results_of_autograd_s_history_and_state_are_never_memoized(program):
+    """Adversary findings: ``autograd.grad`` (which inputs are unused, whether the gradient has
+    history) and a tensor's ``_version`` depend on more than the arguments' signatures."""
+    x = torch.randn(4, 6, requires_grad=True)
+    real = _tensor_values(torch.fx.symbolic_trace(program)(x))
+    cache = fxprop.RuleCache()
+    for _ in range(2):
+        gm = torch.fx.symbolic_trace(program)
+        assert _tensor_values(fxprop.propagate(gm, x, cache=cache)) == real
+    gm = torch.fx.symbolic_trace(program)
+    assert _tensor_values(fxprop.propagate(gm, x, cache="verify")) == real
+
+
+def test_a_view_of_one_of_two_inputs_sharing_a_base_is_not_memoized_as_a_view_of_the_first():
+    """Adversary finding: the second meshgrid's second output views its second input, yet a hit
+    rebuilt it over the first (the first call's inputs shared a base, which the key does not hold)."""
+    gm = torch.fx.symbolic_trace(_meshgrids_of_a_shared_base_then_of_two)
+    fxprop.propagate(gm, torch.randn(6), cache=fxprop.RuleCache())
+    values = {node.name: node.meta["val"] for node in gm.graph.nodes}
+    second = values["meshgrid_1"]
+    assert second[1].untyped_storage()._cdata == values["mul_2"].untyped_storage()._cdata
+    assert second[0].untyped_storage()._cdata == values["mul_1"].untyped_storage()._cdata
+
+
+def test_an_input_given_twice_is_not_memoized_as_the_first_position():
+    """``getitem((y, y), 1)`` is its second input, which a later call with two tensors of the same
+    signature must also be: an entry may not say "the first input"."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.mul, (x, 2))
+    graph.call_function(operator.getitem, ((y, y), 1))
+    p, q = graph.call_function(torch.mul, (x, 3)), graph.call_function(torch.mul, (x, 4))
+    second = graph.call_function(operator.getitem, ((p, q), 1))
+    graph.output(second)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    fxprop.propagate(gm, torch.randn(6), cache=fxprop.RuleCache())
+    assert second.meta["val"].untyped_storage()._cdata == q.meta["val"].untyped_storage()._cdata

@@ -27,7 +27,7 @@ from ..devices import device_of, tag
 from ..call import Call
 from .purity import is_pure
 from ..errors import FallbackLimitError
-from ..torch_compat import (DelayedError, allocations_measurable, below_autograd_views, restricted_as_a_view_of,
+from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
                             functorch_depth, is_view, meta_over_storage_of, storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
@@ -181,9 +181,10 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided or value.is_conj() or value.is_neg():
             return None  # a record rebuilds neither layout nor a lazy conjugation or negation
-        for index, tensor in enumerate(inputs):
-            if value is tensor:
-                return AliasRecord(index, None)
+        positions = [index for index, tensor in enumerate(inputs) if value is tensor]
+        if positions:
+            # an input given twice: the key does not say which position a later call's result is
+            return AliasRecord(positions[0], None) if len(positions) == 1 else None
         offset = value.storage_offset()
         if not isinstance(offset, int):
             return None  # rebuilt fresh, a symbolic offset would need the storage's extent decided
@@ -198,9 +199,11 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
         if not aliased:
             # a view of an intermediate the graph never sees: a fresh tensor is as good
             return None if shares_storage else record
+        if len(aliased) > 1:
+            return None  # inputs viewing one base (``meshgrid(y[:3], y)``): the key does not say which it views
         index = aliased[0]
         if (inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad
-                or not restricted_as_a_view_of(value, inputs[index])):
+                or autograd_restricts_in_place(value)):
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,

@@ -25,6 +25,11 @@ _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr,
 _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
                              "data_ptr", "untyped_storage", "storage"})
 _SETTERS = ("set_", "_set_", "use_")
+# What a tensor's signature holds (`fxprop.memo.signatures`), or views of it; a tensor's other
+# attributes (``_version``, ``grad``, ``grad_fn``, ``_base``, ``data``) are its history or state.
+_ATTRIBUTES_THE_KEY_HOLDS = frozenset({"shape", "dtype", "device", "layout", "ndim", "requires_grad", "is_leaf",
+                                       "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested",
+                                       "is_mkldnn", "T", "mT", "H", "mH", "real", "imag"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
@@ -92,6 +97,8 @@ def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
     torch's own, so an entry keeps no user object alive)."""
     if kwargs.get("out") is not None or kwargs.get("inplace") is True:
         return False
+    if target is getattr and args and isinstance(args[0], torch.Tensor):
+        return len(args) == 2 and args[1] in _ATTRIBUTES_THE_KEY_HOLDS
     if op == "call_module":
         return type(target).__module__.startswith("torch.nn.") and not getattr(target, "inplace", False)
     key = (op, target)
@@ -172,5 +179,7 @@ def _judge_purity(op: str, target: Any) -> bool:
         return False
     if name.startswith(_SETTERS):
         return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
+    if _within(module, _AUTOGRAD_PACKAGES):
+        return False  # autograd.grad, backward: the result is the autograd graph's, which no key holds
     return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
             and not _within(module, _STATEFUL_PACKAGES))
