@@ -225,6 +225,13 @@ def autograd_restricts_in_place(view: torch.Tensor) -> bool:
             and (view.requires_grad or (base is not None and base.requires_grad)))
 
 
+def restricted_as_a_view_of(view: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether ``view``'s restriction in place (`autograd_restricts_in_place`) is ``source``'s, which
+    autograd gives a view of a view: so a view made afresh of ``source`` is restricted as ``view`` is."""
+    creation_meta = torch._C._autograd._get_creation_meta
+    return source._is_view() and creation_meta(view) == creation_meta(source)
+
+
 def function_mode_stack() -> list:
     """The TorchFunctionModes in effect (``with torch.device(...)`` is one)."""
     from torch.overrides import _get_current_function_mode_stack

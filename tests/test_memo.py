@@ -407,3 +407,71 @@ def test_an_input_given_twice_is_not_memoized_as_the_first_position():
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     fxprop.propagate(gm, torch.randn(6), cache=fxprop.RuleCache())
     assert second.meta["val"].untyped_storage()._cdata == q.meta["val"].untyped_storage()._cdata
+
+
+def _counts_of_masks_of_one_signature(x):
+    """Two boolean masks of one shape and dtype whose known values differ (value flow): their
+    counts, read with ``item``, size the results."""
+    positions = torch.arange(x.size(1))
+    every_other, all_but_last = positions % 2 == 0, positions < x.size(1) - 1
+    counts = [mask.sum().item() for mask in (every_other, all_but_last)]
+    counts += [mask.expand_as(x).sum().item() for mask in (every_other, all_but_last)]
+    return [x.new_zeros(count) for count in counts]
+
+
+def _select_within_then_past_the_end(x):
+    positions = torch.arange(x.size(1))
+    return x.index_select(1, positions), x.index_select(1, positions + 1)
+
+
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_calls_on_known_values_are_keyed_by_the_values(cache):
+    """A call whose inputs hold known values is memoized by those values too (an expanded mask by
+    the values it was expanded from): a mask of the same signature but other values is another
+    key, and so is an index that runs past the end where the first did not."""
+    x = torch.randn(4, 6)
+    real = [tuple(t.shape) for t in _counts_of_masks_of_one_signature(x)]
+    assert real == [(3,), (5,), (12,), (20,)]
+    with pytest.raises(RuntimeError) as refused:
+        _select_within_then_past_the_end(x)
+    memo = fxprop.RuleCache() if cache is True else cache
+    for _ in range(2):
+        gm = torch.fx.symbolic_trace(_counts_of_masks_of_one_signature)
+        assert [tuple(t.shape) for t in fxprop.propagate(gm, x, cache=memo)] == real
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(torch.fx.symbolic_trace(_select_within_then_past_the_end), x, cache=memo)
+        assert caught.value.error_type is type(refused.value) and caught.value.node_name == "index_select_1"
+
+
+def _one_mask_added_twice(x):
+    mask = torch.zeros(1, x.size(1)).masked_fill(torch.arange(x.size(1)) > 3, float("-inf")).expand_as(x)
+    return (x + mask).softmax(-1), (x + mask).softmax(-1)
+
+
+def test_a_call_repeated_on_the_same_known_values_is_a_hit():
+    """Attention adds one mask in every layer: the calls after the first are hits."""
+    cache = fxprop.RuleCache()
+    gm = torch.fx.symbolic_trace(_one_mask_added_twice)
+    out = fxprop.propagate(gm, torch.randn(4, 6), cache=cache)
+    assert cache.stats()["hits"] >= 2  # the second add and softmax
+    real = _one_mask_added_twice(torch.randn(4, 6))
+    assert [(t.shape, t.stride()) for t in out] == [(t.shape, t.stride()) for t in real]
+
+
+def test_a_replayed_propagation_leaves_nothing_for_the_cyclic_collector():
+    """A replay never walks the graph, which is where a propagation dropped the session's callbacks
+    into itself; the cycle they made left all it held to the collector, which then walked it inside
+    the next call."""
+    import gc
+    gm = torch.fx.symbolic_trace(RepeatedBlocks())
+    cache = fxprop.RuleCache()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):  # the third is a replay
+            fxprop.propagate(gm, TensorSpec((2, 3, 16)), cache=cache)
+        assert cache.stats()["replays"] == 1
+        left = [obj for obj in gc.get_objects() if type(obj).__name__ == "Propagation"]
+        assert left == []
+    finally:
+        gc.enable()

@@ -31,7 +31,7 @@ from ..call import Call
 from ..memo.backend_flags import environment
 from ..memo.purity import is_pure, may_differentiate
 from ..memo.cache import CallMemo, RuleCache, rule_cache, verify_by_default
-from ..memo.signatures import TensorSignatures
+from ..memo.signatures import TensorSignatures, known_values_signature
 from .metadata import FakeTensorFactory, map_structure
 from .session import NodeRecord, Session
 from ..devices import default_device_if_set, logical_default_device
@@ -103,12 +103,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
         symbols = symbolic.SymbolicSession()
         with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
                 garbage_collection_paused():
-            propagation = Propagation(gm, options, symbols, with_dtensors)
-            internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
-                                    propagation.session.real_values)
-                        for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
             try:
-                output = run_or_replay(propagation, internal)
+                output = _propagate_once(gm, options, symbols, with_dtensors, flat_inputs, placeholders)
             except DTensorMade:
                 with_dtensors = True  # a node made one (DTensor.from_local): again, DTensor's way
                 continue
@@ -117,6 +113,20 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     if codegen is not None and codegen.pytree_info.out_spec is not None:
         return codegen.process_outputs(output)
     return output
+
+
+def _propagate_once(gm: torch.fx.GraphModule, options: "_Options", symbols: Any, with_dtensors: bool,
+                    flat_inputs: list, placeholders: list) -> Any:
+    """One propagation of ``gm``, in a frame of its own: what the walk held is freed as it returns,
+    before the garbage collector resumes and would walk it."""
+    propagation = Propagation(gm, options, symbols, with_dtensors)
+    internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
+                            propagation.session.real_values)
+                for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
+    try:
+        return run_or_replay(propagation, internal)
+    finally:
+        propagation.release()  # a replay never runs the walk, which releases it otherwise
 
 
 def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), *,
@@ -426,10 +436,10 @@ class Propagation:
             cache = self.symbolic_memo  # expressions name this propagation's symbols: never shared beyond it
         if op == "call_module" and torch_compat.global_module_hooks_registered():
             return None  # hooks every module call runs (nn.modules.module.register_module_forward_hook)
-        real_values = self.session.real_values
-        if real_values and any(t in real_values for t in call.tensors):
-            return None  # a rule may read the values, which the key does not hold
-        context = (self.environment, self.default_device, registry_generation())
+        known = known_values_signature(call.tensors, self.session.real_values) if self.session.real_values else ()
+        if known is None:
+            return None
+        context = (self.environment, self.default_device, registry_generation(), known)
         target = call.target
         target_key = (lambda: self.state.signature(target)) if op == "call_module" else (lambda: target)
         if self._differentiates is None:

@@ -25,9 +25,10 @@ import torch
 
 from ..devices import device_of, tag
 from ..call import Call
-from .purity import is_pure
+from .purity import is_pure, view_restriction_is_inherited
 from ..errors import FallbackLimitError
 from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
+                            restricted_as_a_view_of,
                             functorch_depth, is_view, meta_over_storage_of, storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
@@ -176,8 +177,11 @@ class Entry:
     values: tuple = ()  # (position among the result's tensors, the real values it holds) of results with known values
 
 
-def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
-    """An immutable description of a result, or None when it holds something that cannot be shared."""
+def recipe(value: Any, inputs: list[torch.Tensor], restriction_inherited: bool = False) -> Any:
+    """An immutable description of a result, or None when it holds something that cannot be shared.
+    ``restriction_inherited``: the call's views are restricted in place only as their source is
+    (`view_restriction_is_inherited`), so one rebuilt over a later call's source is restricted as
+    that call's own result would be."""
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided or value.is_conj() or value.is_neg():
             return None  # a record rebuilds neither layout nor a lazy conjugation or negation
@@ -202,15 +206,17 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
         if len(aliased) > 1:
             return None  # inputs viewing one base (``meshgrid(y[:3], y)``): the key does not say which it views
         index = aliased[0]
-        if (inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad
-                or autograd_restricts_in_place(value)):
+        if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
+            return None
+        if autograd_restricts_in_place(value) and not (restriction_inherited
+                                                       and restricted_as_a_view_of(value, inputs[index])):
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
                           torch.memory_format, torch.layout, *_SYMBOLIC_SCALARS)):
         return value
     if isinstance(value, (tuple, list)):
-        parts = [recipe(item, inputs) for item in value]
+        parts = [recipe(item, inputs, restriction_inherited) for item in value]
         if any(part is None and item is not None for part, item in zip(parts, value)):
             return None
         return SequenceRecord(type(value), tuple(parts))
@@ -280,7 +286,7 @@ def _symbolic_storage_bytes(value: torch.Tensor) -> torch.SymInt | None:
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
     """Whether two results of one call have the same recipe (the verify mode's comparison); sizes
     compare as expressions, which decides nothing in the ShapeEnv."""
-    return _comparable(recipe(first, inputs)) == _comparable(recipe(second, inputs))
+    return _comparable(recipe(first, inputs, True)) == _comparable(recipe(second, inputs, True))
 
 
 def _comparable(described: Any) -> Any:
@@ -315,10 +321,11 @@ class _Key:
 class CallMemo:
     """The cache slot of one call: its key, how a hit is rebuilt, and the cost a hit replays."""
 
-    def __init__(self, cache: RuleCache, key: Hashable, differentiates: bool):
+    def __init__(self, cache: RuleCache, key: Hashable, differentiates: bool, op: str):
         self.cache = cache
         self.key = key
         self.differentiates = differentiates
+        self.op = op
 
     @staticmethod
     def for_call(cache: RuleCache, op: str, call: Call, target_key: Any, context: Hashable,
@@ -336,7 +343,7 @@ class CallMemo:
             return None
         except RuntimeError:  # autograd refuses to read an argument (a view whose base was modified): the op will too
             return None
-        return CallMemo(cache, key, differentiates)
+        return CallMemo(cache, key, differentiates, op)
 
     def lookup(self, call: Call, fallback_limit_bytes: int) -> tuple[Any, Any, tuple] | None:
         """(result, provenance, known values) of an earlier call identical to ``call``, or None: the known values
@@ -361,7 +368,7 @@ class CallMemo:
         (only a call whose inputs hold no known values is memoized, so they follow from the key)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
-        described = recipe(value, call.tensors)
+        described = recipe(value, call.tensors, view_restriction_is_inherited(self.op, call.target))
         if described is not None:
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
                                            values))

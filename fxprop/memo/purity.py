@@ -31,6 +31,7 @@ _ATTRIBUTES_THE_KEY_HOLDS = frozenset({"shape", "dtype", "device", "layout", "nd
                                        "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested",
                                        "is_mkldnn", "T", "mT", "H", "mH", "real", "imag"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
+_restriction_inherited: dict[tuple[str, Any], bool] = {}  # the same: per target, once per process
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
 
@@ -147,6 +148,41 @@ def replayable_target(op: str, target: Any) -> bool:
     if replayable:
         _replayable[key] = True
     return replayable
+
+
+def view_restriction_is_inherited(op: str, target: Any) -> bool:
+    """Whether a view that ``target`` returns is restricted in place by autograd only as its source
+    is: a view op with a single output (``view``, ``transpose``, a slice), whose result takes its
+    source's restriction (or grad mode's, which keys hold). Not ``split``, ``chunk`` or ``unbind``,
+    whose outputs are restricted whatever their input, and nothing fxprop cannot see into (a module,
+    a python function that may split inside)."""
+    key = (op, target)
+    try:
+        return _restriction_inherited[key]
+    except KeyError:
+        pass
+    except TypeError:
+        return False
+    if isinstance(target, OpOverload):
+        overloads = [target]
+    else:
+        name = target if op == "call_method" and isinstance(target, str) else (
+            "__getitem__" if target is operator.getitem else
+            getattr(target, "__name__", None) if isinstance(target, _BUILTINS) and _is_torch_target(target) else None)
+        packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) else None
+        overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, OpOverloadPacket) else []
+    inherited = bool(overloads) and not any(_returns_several_tensors(overload) for overload in overloads)
+    if _is_torch_target(target):
+        _restriction_inherited[key] = inherited
+    return inherited
+
+
+_BUILTINS = (type(len), type(torch.Tensor.view))  # functions and methods compiled into torch
+
+
+def _returns_several_tensors(op: OpOverload) -> bool:
+    returns = schema_of(op).returns
+    return len(returns) > 1 or any("Tensor" in str(result.type) and str(result.type) != "Tensor" for result in returns)
 
 
 def reads_process_state(node: torch.fx.Node, value: Any) -> bool:

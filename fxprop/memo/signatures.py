@@ -83,6 +83,26 @@ def values_signature(tensor: torch.Tensor) -> Hashable:
 
 
 _INTEGERS_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # same bits, read as integers
+_VALUES_IN_A_KEY = 4096  # elements: a call given larger known values is computed each time
+
+
+def known_values_signature(tensors: list[torch.Tensor], known: Any) -> tuple | None:
+    """The values fxprop knows of a call's tensors (``known``: the propagation's `KnownValues`), by
+    position, as its key holds them: a rule may read them (a mask's, an index's). None where one
+    holds more than a key takes. A broadcast dim (stride 0) is read once: an expanded mask is keyed
+    by the values it was expanded from, which with the tensor's sizes (in the key) give them all."""
+    parts = []
+    for position, tensor in enumerate(tensors):
+        real = known.get(tensor)
+        if real is not None:
+            broadcast = tuple(dim for dim, (size, stride) in enumerate(zip(real.shape, real.stride()))
+                              if stride == 0 and size > 1)
+            for dim in broadcast:
+                real = real.narrow(dim, 0, 1)
+            if real.numel() > _VALUES_IN_A_KEY:
+                return None
+            parts.append((position, broadcast, values_signature(real)))
+    return tuple(parts)
 
 
 class TensorSignatures:
