@@ -475,3 +475,30 @@ def test_a_replayed_propagation_leaves_nothing_for_the_cyclic_collector():
         assert left == []
     finally:
         gc.enable()
+
+
+def _checks_of_metadata(expected_dtypes: tuple) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for dtype in expected_dtypes:
+        graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (x,), {"dtype": dtype})
+    graph.output(x)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_a_check_that_returns_none_is_memoized_by_what_it_checks(cache):
+    """``_assert_tensor_metadata`` (every export checks its inputs with it) returns None: a repeat of
+    a check that passed is a hit, and a check of another dtype is not, and raises as real execution."""
+    x = torch.randn(2, 3)
+    memo = fxprop.RuleCache() if cache is True else cache
+    passing = _checks_of_metadata((torch.float32, torch.float32))
+    fxprop.propagate(passing, x, cache=memo)
+    if cache is True:
+        assert memo.stats()["hits"] == 1
+    failing = _checks_of_metadata((torch.float32, torch.float64))
+    with pytest.raises(RuntimeError) as refused:
+        failing(x)
+    with pytest.raises(fxprop.PropagationError) as caught:
+        fxprop.propagate(failing, x, cache=memo)
+    assert caught.value.error_type is type(refused.value) and caught.value.node_name == "_assert_tensor_metadata_default_1"

@@ -365,10 +365,10 @@ class CallMemo:
 
     def store(self, call: Call, value: Any, provenance: Any, values: tuple = ()) -> None:
         """Keep the result of ``call``; ``values``: the real values its tensors hold, as `lookup` gives them back
-        (only a call whose inputs hold no known values is memoized, so they follow from the key)."""
+        (the known values of a call's inputs are part of its key, so they follow from it)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
         described = recipe(value, call.tensors, view_restriction_is_inherited(self.op, call.target))
-        if described is not None:
+        if described is not None or value is None:  # a recipe of None: not kept, unless the result is None (a check's)
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
                                            values))
