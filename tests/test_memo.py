@@ -458,7 +458,8 @@ def test_a_call_repeated_on_the_same_known_values_is_a_hit():
     assert [(t.shape, t.stride()) for t in out] == [(t.shape, t.stride()) for t in real]
 
 
-def test_a_replayed_propagation_leaves_nothing_for_the_cyclic_collector():
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_replayed_or_refused_propagation_leaves_nothing_for_the_cyclic_collector():
     """A replay never walks the graph, which is where a propagation dropped the session's callbacks
     into itself; the cycle they made left all it held to the collector, which then walked it inside
     the next call."""
@@ -471,6 +472,11 @@ def test_a_replayed_propagation_leaves_nothing_for_the_cyclic_collector():
         for _ in range(3):  # the third is a replay
             fxprop.propagate(gm, TensorSpec((2, 3, 16)), cache=cache)
         assert cache.stats()["replays"] == 1
+        left = [obj for obj in gc.get_objects() if type(obj).__name__ == "Propagation"]
+        assert left == []
+        # adversary finding: an input refused once the propagation was built never reached the walk either
+        with pytest.raises(fxprop.InputError):
+            fxprop.propagate(gm, torch.nested.nested_tensor([torch.randn(3, 16), torch.randn(2, 16)]), cache=cache)
         left = [obj for obj in gc.get_objects() if type(obj).__name__ == "Propagation"]
         assert left == []
     finally:

@@ -120,13 +120,13 @@ def _propagate_once(gm: torch.fx.GraphModule, options: "_Options", symbols: Any,
     """One propagation of ``gm``, in a frame of its own: what the walk held is freed as it returns,
     before the garbage collector resumes and would walk it."""
     propagation = Propagation(gm, options, symbols, with_dtensors)
-    internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
-                            propagation.session.real_values)
-                for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
     try:
+        internal = [to_internal(traced_example(node, value), f"input {i} (placeholder %{node.name})",
+                                propagation.session.real_values)
+                    for i, (value, node) in enumerate(zip(flat_inputs, placeholders))]
         return run_or_replay(propagation, internal)
     finally:
-        propagation.release()  # a replay never runs the walk, which releases it otherwise
+        propagation.release()  # neither a refused input nor a replay runs the walk, which releases it otherwise
 
 
 def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), *,
