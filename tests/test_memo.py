@@ -508,3 +508,33 @@ def test_a_check_that_returns_none_is_memoized_by_what_it_checks(cache):
     with pytest.raises(fxprop.PropagationError) as caught:
         fxprop.propagate(failing, x, cache=memo)
     assert caught.value.error_type is type(refused.value) and caught.value.node_name == "_assert_tensor_metadata_default_1"
+
+
+def _two_splits_then_a_write(x):
+    first = (x * 2).split(2, dim=1)
+    second = (x * 3).split(2, dim=1)  # the same key as the first
+    second[1].mul_(2)
+    return first[0], second[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_a_split_from_a_warm_cache_is_restricted_as_autograd_restricts_it(cache, requires_grad):
+    """``split``'s outputs are restricted in place whatever its input: a hit calls torch's split again
+    on the new input, so a write into an output is refused where real execution refuses it."""
+    x = torch.randn(4, 4, requires_grad=requires_grad)
+    gm = torch.fx.symbolic_trace(_two_splits_then_a_write)
+    memo = fxprop.RuleCache() if cache is True else cache
+    if requires_grad:
+        with pytest.raises(RuntimeError, match="returns multiple views"):
+            gm(x)
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, x, cache=memo)
+        assert caught.value.error_type is RuntimeError and caught.value.node_name == "mul_"
+    else:
+        real = gm(x)
+        out = fxprop.propagate(gm, x, cache=memo)
+        assert [(t.shape, t.stride(), t.storage_offset()) for t in out] == [
+            (t.shape, t.stride(), t.storage_offset()) for t in real]
+    if cache is True:
+        assert memo.stats()["hits"] >= 1

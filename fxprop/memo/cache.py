@@ -24,12 +24,12 @@ from typing import Any, Hashable
 import torch
 
 from ..devices import device_of, tag
-from ..call import Call
-from .purity import is_pure, view_restriction_is_inherited
+from ..call import Call, tensors_of
+from .purity import IMPOSED, INHERITED, UNKNOWN, is_pure, view_restriction
 from ..errors import FallbackLimitError
 from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
-                            restricted_as_a_view_of,
-                            functorch_depth, is_view, meta_over_storage_of, storage_key, view_base)
+                            functorch_depth, has_symbolic_sizes, is_view, meta_over_storage_of,
+                            restricted_as_a_view_of, storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
 
@@ -175,13 +175,15 @@ class Entry:
     mentions_alias: bool
     unlinked_grad: bool  # rebuilding it makes a tensor that requires grad but has no autograd history
     values: tuple = ()  # (position among the result's tensors, the real values it holds) of results with known values
+    called_again: bool = False  # rebuilt by calling the op again (`split` and the like: autograd restricts their views)
 
 
-def recipe(value: Any, inputs: list[torch.Tensor], restriction_inherited: bool = False) -> Any:
+def recipe(value: Any, inputs: list[torch.Tensor], restriction: str = UNKNOWN) -> Any:
     """An immutable description of a result, or None when it holds something that cannot be shared.
-    ``restriction_inherited``: the call's views are restricted in place only as their source is
-    (`view_restriction_is_inherited`), so one rebuilt over a later call's source is restricted as
-    that call's own result would be."""
+    ``restriction``: how autograd restricts the call's views in place (`view_restriction`). A view it
+    restricts is described where a rebuild restricts it alike: one whose restriction is its source's
+    (`INHERITED`: rebuilt over a later call's source, it is restricted as that source is), or one of
+    the outputs of ``split`` and the like (`IMPOSED`: rebuilt by calling the op again)."""
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided or value.is_conj() or value.is_neg():
             return None  # a record rebuilds neither layout nor a lazy conjugation or negation
@@ -208,15 +210,15 @@ def recipe(value: Any, inputs: list[torch.Tensor], restriction_inherited: bool =
         index = aliased[0]
         if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
             return None
-        if autograd_restricts_in_place(value) and not (restriction_inherited
-                                                       and restricted_as_a_view_of(value, inputs[index])):
+        if autograd_restricts_in_place(value) and not (
+                restriction is IMPOSED or (restriction is INHERITED and restricted_as_a_view_of(value, inputs[index]))):
             return None
         return AliasRecord(index, record)
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
                           torch.memory_format, torch.layout, *_SYMBOLIC_SCALARS)):
         return value
     if isinstance(value, (tuple, list)):
-        parts = [recipe(item, inputs, restriction_inherited) for item in value]
+        parts = [recipe(item, inputs, restriction) for item in value]
         if any(part is None and item is not None for part, item in zip(parts, value)):
             return None
         return SequenceRecord(type(value), tuple(parts))
@@ -262,6 +264,25 @@ def rebuild(recipe: Any, inputs: list[torch.Tensor]) -> Any:
     return recipe
 
 
+def _called_again(call: Call, recorded: Any) -> Any:
+    """``split``, ``chunk`` or ``unbind`` called again on the call's own inputs, by torch's own
+    kernels, outside fxprop's dispatch: its outputs are views, which those kernels lay out as the
+    CPU's do, and autograd restricts them as it restricts the real ones. Checked against the
+    recorded result, its devices given as recorded; None (a miss, computed) where they differ."""
+    target, args = call.target, call.args
+    try:
+        value = getattr(args[0], target)(*args[1:], **call.kwargs) if isinstance(target, str) else \
+            target(*args, **call.kwargs)
+    except Exception:  # a miss: the walk computes the call, and reports what that raises
+        return None
+    if not isinstance(value, (tuple, list)) or len(value) != len(recorded.parts):
+        return None
+    for tensor, part in zip(value, recorded.parts):
+        if isinstance(tensor, torch.Tensor) and isinstance(part, AliasRecord) and part.view is not None:
+            tag(tensor, part.view.device)
+    return value if _comparable(recipe(value, call.tensors, IMPOSED)) == _comparable(recorded) else None
+
+
 def _fresh_meta(record: TensorRecord) -> torch.Tensor:
     if record.offset:
         extent = record.offset + 1 + sum((s - 1) * st for s, st in zip(record.shape, record.stride) if s)
@@ -284,9 +305,14 @@ def _symbolic_storage_bytes(value: torch.Tensor) -> torch.SymInt | None:
 
 
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
-    """Whether two results of one call have the same recipe (the verify mode's comparison); sizes
-    compare as expressions, which decides nothing in the ShapeEnv."""
-    return _comparable(recipe(first, inputs, True)) == _comparable(recipe(second, inputs, True))
+    """Whether two results of one call have the same recipe and the same views restricted in place
+    (the verify mode's comparison); sizes compare as expressions, which decides nothing in the ShapeEnv."""
+    return (_comparable(recipe(first, inputs, IMPOSED)) == _comparable(recipe(second, inputs, IMPOSED))
+            and _restrictions(first) == _restrictions(second))
+
+
+def _restrictions(value: Any) -> list[bool]:
+    return [is_view(leaf) and autograd_restricts_in_place(leaf) for leaf in tensors_of(value)]
 
 
 def _comparable(described: Any) -> Any:
@@ -361,6 +387,9 @@ class CallMemo:
                 f"inputs, outputs and temporaries when it first ran), over the fallback limit of "
                 f"{fallback_limit_bytes:,} bytes (raise it with propagate(..., fallback_limit_bytes=N) or register a rule)")
         inputs = call.tensors if entry.mentions_alias else []
+        if entry.called_again:
+            value = _called_again(call, entry.recipe)
+            return (value, provenance, entry.values) if value is not None else None
         return rebuild(entry.recipe, inputs), provenance, entry.values
 
     def store(self, call: Call, value: Any, provenance: Any, values: tuple = ()) -> None:
@@ -368,7 +397,10 @@ class CallMemo:
         (the known values of a call's inputs are part of its key, so they follow from it)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
-        described = recipe(value, call.tensors, view_restriction_is_inherited(self.op, call.target))
+        restriction = view_restriction(self.op, call.target)
+        if restriction is IMPOSED and any(has_symbolic_sizes(tensor) for tensor in call.tensors):
+            restriction = UNKNOWN  # torch's own split of symbolic sizes would guard on them in the caller's ShapeEnv
+        described = recipe(value, call.tensors, restriction)
         if described is not None or value is None:  # a recipe of None: not kept, unless the result is None (a check's)
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
-                                           values))
+                                           values, called_again=restriction is IMPOSED))

@@ -31,7 +31,7 @@ _ATTRIBUTES_THE_KEY_HOLDS = frozenset({"shape", "dtype", "device", "layout", "nd
                                        "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested",
                                        "is_mkldnn", "T", "mT", "H", "mH", "real", "imag"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
-_restriction_inherited: dict[tuple[str, Any], bool] = {}  # the same: per target, once per process
+_view_restrictions: dict[tuple[str, Any], str] = {}  # the same: per target, once per process
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
 
@@ -150,34 +150,52 @@ def replayable_target(op: str, target: Any) -> bool:
     return replayable
 
 
-def view_restriction_is_inherited(op: str, target: Any) -> bool:
-    """Whether a view that ``target`` returns is restricted in place by autograd only as its source
-    is: a view op with a single output (``view``, ``transpose``, a slice), whose result takes its
-    source's restriction (or grad mode's, which keys hold). Not ``split``, ``chunk`` or ``unbind``,
-    whose outputs are restricted whatever their input, and nothing fxprop cannot see into (a module,
-    a python function that may split inside)."""
+INHERITED, IMPOSED, UNKNOWN = "inherited", "imposed", "unknown"
+
+
+def view_restriction(op: str, target: Any) -> str:
+    """How autograd restricts in place the views ``target`` returns. `INHERITED`: as their source
+    is (or as grad mode is, which keys hold): a view op with a single output (``view``,
+    ``transpose``, a slice). `IMPOSED`: whatever their input, as it restricts the several outputs of
+    ``split``, ``chunk`` or ``unbind``. `UNKNOWN`: anything else, and what fxprop cannot see into (a
+    module, a python function that may split inside)."""
     key = (op, target)
     try:
-        return _restriction_inherited[key]
+        return _view_restrictions[key]
     except KeyError:
         pass
     except TypeError:
-        return False
+        return UNKNOWN
+    if target is operator.getitem or (op == "call_method" and target == "__getitem__"):
+        return INHERITED  # a tensor's indexing makes one view at most (a sequence's hands back its item)
     if isinstance(target, OpOverload):
         overloads = [target]
     else:
         name = target if op == "call_method" and isinstance(target, str) else (
-            "__getitem__" if target is operator.getitem else
             getattr(target, "__name__", None) if isinstance(target, _BUILTINS) and _is_torch_target(target) else None)
         packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) else None
         overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, OpOverloadPacket) else []
-    inherited = bool(overloads) and not any(_returns_several_tensors(overload) for overload in overloads)
+        overloads = [overload for overload in overloads if _returns_tensors(overload)]  # not ``split.str``
+    several = [_returns_several_tensors(overload) for overload in overloads]
+    restriction = UNKNOWN
+    if overloads and not any(several):
+        restriction = INHERITED
+    elif overloads and all(several) and all(_returns_views(overload) for overload in overloads):
+        restriction = IMPOSED
     if _is_torch_target(target):
-        _restriction_inherited[key] = inherited
-    return inherited
+        _view_restrictions[key] = restriction
+    return restriction
 
 
 _BUILTINS = (type(len), type(torch.Tensor.view))  # functions and methods compiled into torch
+
+
+def _returns_tensors(op: OpOverload) -> bool:
+    return any("Tensor" in str(result.type) for result in schema_of(op).returns)
+
+
+def _returns_views(op: OpOverload) -> bool:
+    return all(result.alias_info is not None and not result.alias_info.is_write for result in schema_of(op).returns)
 
 
 def _returns_several_tensors(op: OpOverload) -> bool:
