@@ -219,10 +219,9 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
 def autograd_restricts_in_place(view: torch.Tensor) -> bool:
     """Whether autograd refuses in-place use of ``view`` or of its base later (a view that is one
     of several outputs, as ``unbind``'s are, or one made under no_grad or inference mode), which a
-    view made afresh of the same base would not."""
-    base = view._base
-    return (torch._C._autograd._get_creation_meta(view) != torch._C._autograd.CreationMeta.DEFAULT
-            and (view.requires_grad or (base is not None and base.requires_grad)))
+    view made afresh of the same base would not. Whether either requires grad does not matter: an
+    in-place op with an operand that does (``a.mul_(w)``) is refused all the same."""
+    return torch._C._autograd._get_creation_meta(view) != torch._C._autograd.CreationMeta.DEFAULT
 
 
 def restricted_as_a_view_of(view: torch.Tensor, source: torch.Tensor) -> bool:

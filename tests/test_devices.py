@@ -122,6 +122,26 @@ def test_tensors_on_two_cuda_devices_are_refused():
     assert raised.value.node_name == "matmul"
 
 
+
+class _CountedLoop(torch.nn.Module):
+    def forward(self, x):
+        return torch._higher_order_ops.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2),
+                                                  (torch.tensor(0), x))
+
+
+@pytest.mark.parametrize("device", ["meta", "cuda:0"])
+def test_an_item_of_several_outputs_keeps_its_own_device(device):
+    """Adversary finding: ``getitem`` of a while_loop's carried (CPU counter, x) placed the counter on
+    x's device, as the inputs' common device; a warm cache kept its own. An item is what it was."""
+    real = _CountedLoop()(torch.randn(3, 4, device="meta"))
+    assert [t.device.type for t in real] == ["cpu", "meta"]
+    ep = torch.export.export(_CountedLoop(), (torch.randn(3, 4),))
+    memo = fxprop.RuleCache()
+    for cache in (False, memo, memo):
+        out = fxprop.propagate(ep, spec(3, 4, device=device), cache=cache)
+        assert [t.device for t in out] == [torch.device("cpu"), torch.device(device)]
+
+
 # --- 2. the table: moves -----------------------------------------------------------------
 
 x_other = In("other", spec(1, dtype=torch.int64, device="cpu"))
@@ -481,7 +501,8 @@ def _targets_of_cases():
     yield from NEW_SAMPLES
     yield from ("pin_memory", aten._pin_memory.default, getattr, "get_device", "item", "tolist", torch.nonzero,
                 torch.argwhere, operator.setitem, "type", aten.zeros.out,
-                torch.ops.higher_order.cond)  # placed by its subgraphs: tests/test_higher_order.py
+                torch.ops.higher_order.cond,  # placed by its subgraphs: tests/test_higher_order.py
+                torch.tensor_split)  # indices read on the host: tests/test_edge_cases_values_and_meshes.py
 
 
 def test_every_rule_of_the_table_has_a_case():

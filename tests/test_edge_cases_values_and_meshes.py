@@ -217,3 +217,45 @@ def test_estimate_refuses_settings_transformers_or_torch_refuse_without_a_traceb
                           timeout=180)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, done.stderr
+
+
+# --- tensor_split by a tensor: read on the host ------------------------------------------------------
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.tensor_split(x, torch.arange(4)[1:3]),
+    lambda x: torch.tensor_split(x, torch.tensor([1, 5]), dim=1),
+    lambda x: x.tensor_split(torch.tensor(3), 1),
+    lambda x: torch.tensor_split(x, tensor_indices_or_sections=torch.tensor([0, 2])),
+    lambda x: torch.tensor_split(x, 3, dim=1),
+    lambda x: x.tensor_split([1, 2]),
+    lambda x: torch.tensor_split(x, torch.tensor([1.0, 2.0])),
+    lambda x: torch.tensor_split(x, torch.tensor([[1, 2]])),
+], ids=["arange-slice", "constant-dim1", "sections-method", "keyword", "int", "list", "float", "2-d"])
+def test_tensor_split_by_a_tensor_of_known_values_is_answered_as_real_execution(fn):
+    """Finding: indices given as a tensor reached torch's kernel as a meta tensor, which it refused
+    ("expected ... to be on cpu"), where real execution splits; fxprop knows the values of a tensor
+    built from constants."""
+    gm = symbolic_trace(fn)
+    x = torch.randn(4, 6)
+    real = _real(gm, x)
+    if isinstance(real, Exception):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, fxprop.TensorSpec((4, 6)), cache=False)
+        assert caught.value.error_type is type(real)
+        return
+    out = fxprop.propagate(gm, fxprop.TensorSpec((4, 6), device="cuda"), cache=False)
+    assert [(t.shape, t.stride(), t.storage_offset()) for t in out] == [
+        (t.shape, t.stride(), t.storage_offset()) for t in real]
+    assert all(t.device == torch.device("cuda:0") for t in out)
+
+
+def test_tensor_split_by_a_tensor_of_unknown_values_or_not_on_the_cpu():
+    by_data = symbolic_trace(lambda x: torch.tensor_split(x, x[0].argsort()[:2]))
+    with pytest.raises(fxprop.DataDependentError, match="tensor_split"):
+        fxprop.propagate(by_data, fxprop.TensorSpec((4, 6)))
+    on_meta = symbolic_trace(lambda x, at: torch.tensor_split(x, at))
+    real = _real(on_meta, torch.randn(4, 6), torch.tensor([1], device="meta"))
+    assert isinstance(real, RuntimeError)
+    with pytest.raises(fxprop.PropagationError, match="to be on cpu") as caught:
+        fxprop.propagate(on_meta, torch.randn(4, 6), torch.tensor([1], device="meta"))
+    assert caught.value.error_type is RuntimeError

@@ -95,3 +95,30 @@ def test_user_tensors_are_not_kept_alive():
     del x, model, gm
     gc.collect()
     assert all(ref() is None for ref in refs), "propagate keeps a user tensor alive"
+
+
+def _chain(nodes: int) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    value = graph.placeholder("x")
+    for _ in range(nodes):
+        value = graph.call_function(torch.relu, (value,))
+    graph.output(value)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_large_propagation_leaves_the_collector_nothing_to_walk_and_frozen_objects_frozen():
+    """From `LARGE_GRAPH_NODES` nodes a successful call moves what it made to the oldest generation,
+    unwalked: no young-generation pass follows it, which would walk every value it kept."""
+    from fxprop.engine.collector import LARGE_GRAPH_NODES
+    gm = _chain(LARGE_GRAPH_NODES)
+    gc.collect()
+    young_passes = gc.get_stats()[0]["collections"]
+    fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+    assert gc.get_stats()[0]["collections"] == young_passes
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze its objects (before forking workers) keeps them frozen
+    try:
+        fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+        assert gc.get_freeze_count() > 0  # thawed, they would all be counted in the oldest generation
+    finally:
+        gc.unfreeze()

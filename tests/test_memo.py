@@ -538,3 +538,38 @@ def test_a_split_from_a_warm_cache_is_restricted_as_autograd_restricts_it(cache,
             (t.shape, t.stride(), t.storage_offset()) for t in real]
     if cache is True:
         assert memo.stats()["hits"] >= 1
+
+
+def _torch_split_twice_then_a_write_with_grad(x, w):
+    torch.split(x, 2)  # the same key as the next: the next is a hit
+    first, _ = torch.split(x, 2)
+    return first.mul_(w)
+
+
+def _unbind_twice_then_a_write_with_grad(x, w):
+    x.unbind(1)
+    first, _ = x.unbind(1)
+    return first.mul_(w)
+
+
+@pytest.mark.parametrize("fn, x_spec", [
+    (_torch_split_twice_then_a_write_with_grad, TensorSpec((4, 3))),
+    (_unbind_twice_then_a_write_with_grad, TensorSpec(("B", 2))),  # symbolic sizes: the hit rebuilds
+])
+@pytest.mark.parametrize("cache", [False, True, "verify"])
+def test_split_outputs_of_an_input_without_grad_stay_restricted_on_a_hit(fn, x_spec, cache):
+    """Adversary findings: the outputs of ``torch.split`` (a python function) and of ``unbind`` over
+    symbolic sizes were kept as plain views when their input did not require grad; a hit rebuilt
+    them unrestricted, and an in-place op with an operand that requires grad was accepted, which
+    autograd refuses whatever the input."""
+    x = torch.randn(4, 3) if x_spec.shape[0] != "B" else torch.randn(5, 2)
+    w = torch.randn(x.shape[1] if fn is _torch_split_twice_then_a_write_with_grad else x.shape[0], requires_grad=True)
+    with pytest.raises(RuntimeError) as refused:
+        fn(x, w)
+    gm = torch.fx.symbolic_trace(fn)
+    memo = fxprop.RuleCache() if cache is True else cache
+    for _ in range(2):
+        with pytest.raises(fxprop.PropagationError) as caught:
+            fxprop.propagate(gm, x_spec, w, cache=memo)
+        assert caught.value.error_type is type(refused.value) and caught.value.node_name == "mul_"
+        assert "modified inplace" in str(caught.value)

@@ -55,7 +55,8 @@ def _with_self(self: torch.Tensor, target, args: tuple, kwargs: dict, rule: str)
 def getitem(target, args, kwargs):
     self = args[0]
     if not isinstance(self, torch.Tensor):
-        return default_placement(target, args, kwargs)
+        # an item of a tuple or list (a node's several outputs) is the tensor it was, on its own device
+        return Placement(None, target, args, kwargs, "an item of a sequence keeps its device")
     return _with_self(self, target, args, kwargs, "x[index]: indices from any device")
 
 
@@ -101,3 +102,5 @@ for _name in SOURCE_FROM_ANY_DEVICE:
     transfer(*everywhere(_name), name=_name)(_others_from_any_device(_name, "source"))
 for _name in SAME_DEVICE_NO_CPU_SCALARS:
     transfer(*everywhere(_name), name=_name)(_same_device_no_cpu_scalars(_name))
+# ``tensor_split`` reads a tensor of indices or sections on the host: on the CPU, which its rule checks
+transfer(*everywhere("tensor_split"), name="tensor_split")(_others_from_any_device("tensor_split", "indices"))

@@ -29,7 +29,8 @@ aten = torch.ops.aten
 class Placement:
     """Where the result of one call lives, and the call to run on meta tensors to shape it.
 
-    ``device`` is None for a call that produces no tensor. ``host_value`` short-cuts the
+    ``device`` is None for a call that produces no tensor, or whose tensors keep the devices they
+    have (an item of a sequence). ``host_value`` short-cuts the
     meta computation for calls whose result is a plain python value derived from devices.
     """
     device: torch.device | None

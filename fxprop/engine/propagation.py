@@ -19,7 +19,7 @@ its own nodes are annotated too.
 from __future__ import annotations
 
 import contextlib
-import gc
+
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
@@ -46,6 +46,7 @@ from ..resolve.registry import generation as registry_generation
 from .inputs import TensorSpec, to_internal, traced_example
 from ..torch_compat import own_state, pytree
 from .walk import KNOWN_INPUTS, DTensorMade, GraphWalk, Provenance
+from .collector import garbage_collection_paused
 from .call_checks import check_arity, check_graph_module, check_output, flatten_inputs
 from .replaying import run_or_replay
 
@@ -102,7 +103,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     while True:
         symbols = symbolic.SymbolicSession()
         with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-                garbage_collection_paused():
+                garbage_collection_paused(len(gm.graph.nodes)):
             try:
                 output = _propagate_once(gm, options, symbols, with_dtensors, flat_inputs, placeholders)
             except DTensorMade:
@@ -159,7 +160,7 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     annotations = [node.meta.get("val") for node in gm.graph.nodes if node not in dirty]
     with_dtensors = _holds_dtensors(gm, annotations)
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            garbage_collection_paused():
+            garbage_collection_paused(len(dirty)):
         propagation = Propagation(gm, options, symbols, with_dtensors)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
@@ -190,20 +191,6 @@ def _state_holds(module: torch.nn.Module, kind: type) -> bool:
                 seen.add(id(child))
                 pending.append(child)
     return False
-
-
-@contextlib.contextmanager
-def garbage_collection_paused():
-    """Python's cyclic garbage collector paused for the call: every generation-2 pass walks all
-    live objects, which a large graph's values make many, and time per node would grow with the
-    graph. The collector is resumed (when this call paused it) even when the call fails."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import torch
 import torch.fx
 
 from ..distributed.dtensors import META_KEY, tally
-from ..engine.propagation import garbage_collection_paused, propagate
+from ..engine.collector import garbage_collection_paused
+from ..engine.propagation import propagate
 from ..errors import InputError
 from ..torch_compat import OpOverload, pytree_codegen
 from .flops import EXTRA_FORMULAS, FORMULAS, FlopCounter

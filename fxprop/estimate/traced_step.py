@@ -41,7 +41,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
 from ..distributed.dtensors import local_of
-from ..engine.propagation import garbage_collection_paused
+from ..engine.collector import garbage_collection_paused
 from ..rules.attention import attention_on
 from ..engine.inputs import TensorSpec
 from ..torch_compat import gradients, one_fake_mode_for_traced_values, pytree, storage_key

@@ -168,19 +168,22 @@ def view_restriction(op: str, target: Any) -> str:
         return UNKNOWN
     if target is operator.getitem or (op == "call_method" and target == "__getitem__"):
         return INHERITED  # a tensor's indexing makes one view at most (a sequence's hands back its item)
+    python_function = False
     if isinstance(target, OpOverload):
         overloads = [target]
     else:
         name = target if op == "call_method" and isinstance(target, str) else (
-            getattr(target, "__name__", None) if isinstance(target, _BUILTINS) and _is_torch_target(target) else None)
+            getattr(target, "__name__", None) if callable(target) and _is_torch_target(target) else None)
+        python_function = not isinstance(target, (str, *_BUILTINS))
         packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) else None
         overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, OpOverloadPacket) else []
         overloads = [overload for overload in overloads if _returns_tensors(overload)]  # not ``split.str``
     several = [_returns_several_tensors(overload) for overload in overloads]
     restriction = UNKNOWN
-    if overloads and not any(several):
+    if overloads and not any(several) and not python_function:
         restriction = INHERITED
     elif overloads and all(several) and all(_returns_views(overload) for overload in overloads):
+        # a python function too (``torch.split``): a hit calls it again, and keeps only what it returns alike
         restriction = IMPOSED
     if _is_torch_target(target):
         _view_restrictions[key] = restriction

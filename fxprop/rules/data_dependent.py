@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from ..devices import device_of
 from ..engine import session as context
 from .. import symbolic
 from ..errors import DataDependentError, UnsupportedError
@@ -127,6 +128,35 @@ def tolist(self: torch.Tensor) -> Any:
             return symbolic.current().fresh_value(self.dtype)
         return [nested(sizes[1:]) for _ in range(sizes[0])]
     return nested(tuple(self.shape))
+
+
+@rule("tensor_split", torch.tensor_split, torch.Tensor.tensor_split, aten.tensor_split.tensor_indices_or_sections)
+def tensor_split(input: torch.Tensor, indices_or_sections: Any = None, dim: int = 0, *, sections: Any = None,
+                 indices: Any = None, tensor_indices_or_sections: Any = None) -> tuple:
+    """Splits ``input`` along ``dim`` into a number of sections, or at indices. Given as a tensor,
+    they are read on the host, as torch's kernel reads them: a CPU tensor of longs, 0-dim for a
+    number of sections, 1-dim for indices. Its values are known for a tensor built from constants
+    (`fxprop.known_values`); for any other tensor the split depends on the data."""
+    by = next((value for value in (indices_or_sections, tensor_indices_or_sections, sections, indices)
+               if value is not None), None)
+    if not isinstance(by, torch.Tensor):
+        overload = aten.tensor_split.indices if isinstance(by, (list, tuple)) else aten.tensor_split.sections
+        return overload(input, by, dim)
+    check(device_of(by).type == "cpu",
+          lambda: f"tensor_split expected tensor_indices_or_sections to be on cpu, but it's on {device_of(by)}")
+    check(by.dtype == torch.int64, lambda: "tensor_split expected tensor_indices_or_sections to have dtype of long, "
+                                           f"but got {scalar_type_name(by.dtype)}")
+    check(by.dim() in (0, 1), lambda: "tensor_split expected tensor_indices_or_sections to be a zero-dimensional "
+                                      f"or one-dimensional tensor, but got a tensor with {by.dim()} dims")
+    known = known_values(by)
+    if known is None:
+        raise DataDependentError(f"tensor_split by a tensor of {'sections' if by.dim() == 0 else 'indices'}: "
+                                 "its values depend on the data")
+    with context.on_host():
+        values = known.tolist()
+    if by.dim() == 0:
+        return aten.tensor_split.sections(input, values, dim)
+    return aten.tensor_split.indices(input, values, dim)
 
 
 @rule(aten.unique_dim_consecutive.default)
