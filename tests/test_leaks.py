@@ -106,19 +106,27 @@ def _chain(nodes: int) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def test_a_large_propagation_leaves_the_collector_nothing_to_walk_and_frozen_objects_frozen():
-    """From `LARGE_GRAPH_NODES` nodes a successful call moves what it made to the oldest generation,
-    unwalked: no young-generation pass follows it, which would walk every value it kept."""
-    from fxprop.engine.collector import LARGE_GRAPH_NODES
-    gm = _chain(LARGE_GRAPH_NODES)
+def test_garbage_made_during_a_large_propagation_is_collected_without_asking():
+    """Adversary finding: moving what a call made into the oldest generation unwalked (``gc.freeze()``
+    then ``gc.unfreeze()``) moved the call's garbage too, and kept full collections from running:
+    cycles a progress callback made piled up, 8 MB each. The collector alone must free them."""
+    import weakref
+
+    class Cycle:
+        def __init__(self):
+            self.itself = self
+
+    made = []
+
+    def progress(done, total):
+        if done == total:
+            cycle = Cycle()
+            made.append(weakref.ref(cycle))
+
+    gm = _chain(1000)
     gc.collect()
-    young_passes = gc.get_stats()[0]["collections"]
-    fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
-    assert gc.get_stats()[0]["collections"] == young_passes
-    assert gc.isenabled() and gc.get_freeze_count() == 0
-    gc.freeze()  # a process that froze its objects (before forking workers) keeps them frozen
-    try:
-        fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
-        assert gc.get_freeze_count() > 0  # thawed, they would all be counted in the oldest generation
-    finally:
-        gc.unfreeze()
+    for _ in range(30):
+        fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False, progress=progress)
+        for _ in range(3000):
+            [[]]  # what a caller allocates between calls
+    assert sum(ref() is not None for ref in made) <= 2

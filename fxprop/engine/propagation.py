@@ -103,7 +103,7 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     while True:
         symbols = symbolic.SymbolicSession()
         with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-                garbage_collection_paused(len(gm.graph.nodes)):
+                garbage_collection_paused():
             try:
                 output = _propagate_once(gm, options, symbols, with_dtensors, flat_inputs, placeholders)
             except DTensorMade:
@@ -160,7 +160,7 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     annotations = [node.meta.get("val") for node in gm.graph.nodes if node not in dirty]
     with_dtensors = _holds_dtensors(gm, annotations)
     with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            garbage_collection_paused(len(dirty)):
+            garbage_collection_paused():
         propagation = Propagation(gm, options, symbols, with_dtensors)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty
