@@ -216,19 +216,18 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     return tensor._base
 
 
+def creation_meta(view: torch.Tensor) -> Any:
+    """How autograd made ``view``: ``DEFAULT``, or a way it restricts the view in place later (one of
+    several outputs, as ``unbind``'s are, or one made under no_grad or inference mode); None for a
+    tensor autograd does not call a view (an inference tensor's views have no autograd metadata)."""
+    return torch._C._autograd._get_creation_meta(view) if view._is_view() else None
+
+
 def autograd_restricts_in_place(view: torch.Tensor) -> bool:
-    """Whether autograd refuses in-place use of ``view`` or of its base later (a view that is one
-    of several outputs, as ``unbind``'s are, or one made under no_grad or inference mode), which a
-    view made afresh of the same base would not. Whether either requires grad does not matter: an
-    in-place op with an operand that does (``a.mul_(w)``) is refused all the same."""
-    return torch._C._autograd._get_creation_meta(view) != torch._C._autograd.CreationMeta.DEFAULT
-
-
-def restricted_as_a_view_of(view: torch.Tensor, source: torch.Tensor) -> bool:
-    """Whether ``view``'s restriction in place (`autograd_restricts_in_place`) is ``source``'s, which
-    autograd gives a view of a view: so a view made afresh of ``source`` is restricted as ``view`` is."""
-    creation_meta = torch._C._autograd._get_creation_meta
-    return source._is_view() and creation_meta(view) == creation_meta(source)
+    """Whether autograd refuses in-place use of ``view`` or of its base later, which a view made
+    afresh of the same base may not. Whether either requires grad does not matter: an in-place op
+    with an operand that does (``a.mul_(w)``) is refused all the same."""
+    return creation_meta(view) not in (torch._C._autograd.CreationMeta.DEFAULT, None)
 
 
 def function_mode_stack() -> list:

@@ -573,3 +573,36 @@ def test_split_outputs_of_an_input_without_grad_stay_restricted_on_a_hit(fn, x_s
             fxprop.propagate(gm, x_spec, w, cache=memo)
         assert caught.value.error_type is type(refused.value) and caught.value.node_name == "mul_"
         assert "modified inplace" in str(caught.value)
+
+
+def _split_viewed_and_written(x):
+    second = torch.split(x, 2)[1]
+    return second.view(-1).add_(1)
+
+
+def test_views_of_split_outputs_under_inference_mode():
+    """Adversary finding: under inference mode, the check of a rebuilt view's restriction asked
+    autograd about a tensor it keeps no metadata for, and failed as fxprop's own error."""
+    gm = torch.fx.symbolic_trace(_split_viewed_and_written)
+    memo = fxprop.RuleCache()
+    with torch.no_grad():  # the key holds grad mode, which inference mode turns off too
+        fxprop.propagate(gm, torch.randn(4, 4), cache=memo)
+    with torch.inference_mode():
+        real = gm(torch.randn(4, 4))
+        out = fxprop.propagate(gm, torch.randn(4, 4), cache=memo)
+    assert (out.shape, out.stride()) == (real.shape, real.stride())
+
+
+def _views_twice(x):
+    return x.view(-1), x.view(-1), x.view(2, 8), x.view(2, 8)
+
+
+def test_views_made_without_grad_are_hits():
+    """Views made under no_grad are restricted in place (``CreationMeta.NO_GRAD_MODE``); a rebuild
+    under the same grad mode, which the key holds, is restricted alike, so they are kept (AOT's
+    compilers propagate without grad: refusing them cost a third of their hits)."""
+    gm = torch.fx.symbolic_trace(_views_twice)
+    memo = fxprop.RuleCache()
+    with torch.no_grad():
+        fxprop.propagate(gm, torch.randn(4, 4), cache=memo)
+    assert memo.stats()["hits"] == 2

@@ -25,11 +25,11 @@ import torch
 
 from ..devices import device_of, tag
 from ..call import Call, tensors_of
-from .purity import IMPOSED, INHERITED, UNKNOWN, is_pure, view_restriction
+from .purity import is_pure, returns_several_views
 from ..errors import FallbackLimitError
 from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
-                            functorch_depth, has_symbolic_sizes, is_view, meta_over_storage_of,
-                            restricted_as_a_view_of, storage_key, view_base)
+                            creation_meta, functorch_depth, has_symbolic_sizes, is_view, meta_over_storage_of,
+                            storage_key, view_base)
 
 from .signatures import _SYMBOLIC_SCALARS, Uncacheable, _expression, signature
 
@@ -156,9 +156,12 @@ class TensorRecord:
 @dataclass(frozen=True)
 class AliasRecord:
     """A result that is an input itself (``view`` None) or a view of one: rebuilt as a view of
-    the new call's input, so that autograd and in-place ops see the alias as torch would."""
+    the new call's input, so that autograd and in-place ops see the alias as torch would.
+    ``creation``: how autograd made the view (`creation_meta`), which a rebuild must match, as it
+    decides what autograd refuses in place later."""
     index: int
     view: TensorRecord | None
+    creation: Any = None
 
 
 @dataclass(frozen=True)
@@ -178,12 +181,8 @@ class Entry:
     called_again: bool = False  # rebuilt by calling the op again (`split` and the like: autograd restricts their views)
 
 
-def recipe(value: Any, inputs: list[torch.Tensor], restriction: str = UNKNOWN) -> Any:
-    """An immutable description of a result, or None when it holds something that cannot be shared.
-    ``restriction``: how autograd restricts the call's views in place (`view_restriction`). A view it
-    restricts is described where a rebuild restricts it alike: one whose restriction is its source's
-    (`INHERITED`: rebuilt over a later call's source, it is restricted as that source is), or one of
-    the outputs of ``split`` and the like (`IMPOSED`: rebuilt by calling the op again)."""
+def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
+    """An immutable description of a result, or None when it holds something that cannot be shared."""
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided or value.is_conj() or value.is_neg():
             return None  # a record rebuilds neither layout nor a lazy conjugation or negation
@@ -210,15 +209,12 @@ def recipe(value: Any, inputs: list[torch.Tensor], restriction: str = UNKNOWN) -
         index = aliased[0]
         if inputs[index].dtype != value.dtype or inputs[index].requires_grad != value.requires_grad:
             return None
-        if autograd_restricts_in_place(value) and not (
-                restriction is IMPOSED or (restriction is INHERITED and restricted_as_a_view_of(value, inputs[index]))):
-            return None
-        return AliasRecord(index, record)
+        return AliasRecord(index, record, creation_meta(value))
     if isinstance(value, (bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.Size,
                           torch.memory_format, torch.layout, *_SYMBOLIC_SCALARS)):
         return value
     if isinstance(value, (tuple, list)):
-        parts = [recipe(item, inputs, restriction) for item in value]
+        parts = [recipe(item, inputs) for item in value]
         if any(part is None and item is not None for part, item in zip(parts, value)):
             return None
         return SequenceRecord(type(value), tuple(parts))
@@ -242,8 +238,13 @@ def _same_base(view: torch.Tensor, tensor: torch.Tensor) -> bool:
     return tensor is base or (is_view(tensor) and view_base(tensor) is base)
 
 
+class _MadeOtherwise(Exception):
+    """A rebuilt view that autograd made otherwise than the recorded one: a miss."""
+
+
 def rebuild(recipe: Any, inputs: list[torch.Tensor]) -> Any:
-    """A fresh value from a recipe, aliasing ``inputs`` where the recorded result did."""
+    """A fresh value from a recipe, aliasing ``inputs`` where the recorded result did (raises
+    `_MadeOtherwise` where autograd would restrict a rebuilt view otherwise)."""
     if isinstance(recipe, TensorRecord):
         return tag(_fresh_meta(recipe), recipe.device)
     if isinstance(recipe, AliasRecord):
@@ -251,7 +252,11 @@ def rebuild(recipe: Any, inputs: list[torch.Tensor]) -> Any:
         if recipe.view is None:
             return source
         view = recipe.view
-        return tag(source.as_strided(view.shape, view.stride, view.offset), view.device)
+        rebuilt = source.as_strided(view.shape, view.stride, view.offset)
+        if creation_meta(rebuilt) != recipe.creation:
+            # restricted in place otherwise: ``split``'s outputs, a view rebuilt over a restricted source
+            raise _MadeOtherwise
+        return tag(rebuilt, view.device)
     if isinstance(recipe, SequenceRecord):
         items = [rebuild(part, inputs) for part in recipe.parts]
         if recipe.kind is list:
@@ -280,7 +285,7 @@ def _called_again(call: Call, recorded: Any) -> Any:
     for tensor, part in zip(value, recorded.parts):
         if isinstance(tensor, torch.Tensor) and isinstance(part, AliasRecord) and part.view is not None:
             tag(tensor, part.view.device)
-    return value if _comparable(recipe(value, call.tensors, IMPOSED)) == _comparable(recorded) else None
+    return value if _comparable(recipe(value, call.tensors)) == _comparable(recorded) else None
 
 
 def _fresh_meta(record: TensorRecord) -> torch.Tensor:
@@ -307,7 +312,7 @@ def _symbolic_storage_bytes(value: torch.Tensor) -> torch.SymInt | None:
 def same_result(first: Any, second: Any, inputs: list[torch.Tensor]) -> bool:
     """Whether two results of one call have the same recipe and the same views restricted in place
     (the verify mode's comparison); sizes compare as expressions, which decides nothing in the ShapeEnv."""
-    return (_comparable(recipe(first, inputs, IMPOSED)) == _comparable(recipe(second, inputs, IMPOSED))
+    return (_comparable(recipe(first, inputs)) == _comparable(recipe(second, inputs))
             and _restrictions(first) == _restrictions(second))
 
 
@@ -320,7 +325,7 @@ def _comparable(described: Any) -> Any:
         return dataclasses.replace(described, shape=tuple(map(_expression, described.shape)),
                                    stride=tuple(map(_expression, described.stride)))
     if isinstance(described, AliasRecord):
-        return AliasRecord(described.index, _comparable(described.view))
+        return AliasRecord(described.index, _comparable(described.view), described.creation)
     if isinstance(described, SequenceRecord):
         return SequenceRecord(described.kind, tuple(map(_comparable, described.parts)))
     if isinstance(described, (tuple, list)):  # a torch.Size of symbolic sizes
@@ -390,17 +395,21 @@ class CallMemo:
         if entry.called_again:
             value = _called_again(call, entry.recipe)
             return (value, provenance, entry.values) if value is not None else None
-        return rebuild(entry.recipe, inputs), provenance, entry.values
+        try:
+            return rebuild(entry.recipe, inputs), provenance, entry.values
+        except _MadeOtherwise:
+            return None
 
     def store(self, call: Call, value: Any, provenance: Any, values: tuple = ()) -> None:
         """Keep the result of ``call``; ``values``: the real values its tensors hold, as `lookup` gives them back
         (the known values of a call's inputs are part of its key, so they follow from it)."""
         if provenance.fallback_bytes and not allocations_measurable():
             return  # the run's temporaries went unmeasured: its bytes are not the call's
-        restriction = view_restriction(self.op, call.target)
-        if restriction is IMPOSED and any(has_symbolic_sizes(tensor) for tensor in call.tensors):
-            restriction = UNKNOWN  # torch's own split of symbolic sizes would guard on them in the caller's ShapeEnv
-        described = recipe(value, call.tensors, restriction)
+        # torch's own split of symbolic sizes would guard on them in the caller's ShapeEnv: such a call is
+        # rebuilt, and its views, restricted otherwise, are misses
+        called_again = (returns_several_views(self.op, call.target)
+                        and not any(has_symbolic_sizes(tensor) for tensor in call.tensors))
+        described = recipe(value, call.tensors)
         if described is not None or value is None:  # a recipe of None: not kept, unless the result is None (a check's)
             self.cache.put(self.key, Entry(described, provenance, mentions_alias(described), unlinked_grad(described),
-                                           values, called_again=restriction is IMPOSED))
+                                           values, called_again=called_again))

@@ -31,7 +31,7 @@ _ATTRIBUTES_THE_KEY_HOLDS = frozenset({"shape", "dtype", "device", "layout", "nd
                                        "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested",
                                        "is_mkldnn", "T", "mT", "H", "mH", "real", "imag"})
 _purity: dict[tuple[str, Any], bool] = {}  # only for torch's own targets, which live as long as torch
-_view_restrictions: dict[tuple[str, Any], str] = {}  # the same: per target, once per process
+_several_views: dict[tuple[str, Any], bool] = {}  # the same: per target, once per process
 _AUTOGRAD_PACKAGES = ("torch.autograd", "torch.func", "torch._functorch")
 _STATEFUL_PACKAGES = ("torch.func", "torch._functorch", "torch._C._functorch")  # they push and pop transform levels
 
@@ -150,44 +150,30 @@ def replayable_target(op: str, target: Any) -> bool:
     return replayable
 
 
-INHERITED, IMPOSED, UNKNOWN = "inherited", "imposed", "unknown"
-
-
-def view_restriction(op: str, target: Any) -> str:
-    """How autograd restricts in place the views ``target`` returns. `INHERITED`: as their source
-    is (or as grad mode is, which keys hold): a view op with a single output (``view``,
-    ``transpose``, a slice). `IMPOSED`: whatever their input, as it restricts the several outputs of
-    ``split``, ``chunk`` or ``unbind``. `UNKNOWN`: anything else, and what fxprop cannot see into (a
-    module, a python function that may split inside)."""
+def returns_several_views(op: str, target: Any) -> bool:
+    """Whether ``target`` returns several views of its input (``split``, ``chunk``, ``unbind``, and
+    ``torch.split``, a python function that calls them): autograd restricts them in place whatever
+    their input, which no view made afresh is."""
     key = (op, target)
     try:
-        return _view_restrictions[key]
+        return _several_views[key]
     except KeyError:
         pass
     except TypeError:
-        return UNKNOWN
-    if target is operator.getitem or (op == "call_method" and target == "__getitem__"):
-        return INHERITED  # a tensor's indexing makes one view at most (a sequence's hands back its item)
-    python_function = False
+        return False
     if isinstance(target, OpOverload):
         overloads = [target]
     else:
         name = target if op == "call_method" and isinstance(target, str) else (
             getattr(target, "__name__", None) if callable(target) and _is_torch_target(target) else None)
-        python_function = not isinstance(target, (str, *_BUILTINS))
         packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) else None
         overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, OpOverloadPacket) else []
         overloads = [overload for overload in overloads if _returns_tensors(overload)]  # not ``split.str``
-    several = [_returns_several_tensors(overload) for overload in overloads]
-    restriction = UNKNOWN
-    if overloads and not any(several) and not python_function:
-        restriction = INHERITED
-    elif overloads and all(several) and all(_returns_views(overload) for overload in overloads):
-        # a python function too (``torch.split``): a hit calls it again, and keeps only what it returns alike
-        restriction = IMPOSED
+    several = bool(overloads) and all(_returns_several_tensors(overload) and _returns_views(overload)
+                                      for overload in overloads)
     if _is_torch_target(target):
-        _view_restrictions[key] = restriction
-    return restriction
+        _several_views[key] = several
+    return several
 
 
 _BUILTINS = (type(len), type(torch.Tensor.view))  # functions and methods compiled into torch
