@@ -606,3 +606,23 @@ def test_views_made_without_grad_are_hits():
     with torch.no_grad():
         fxprop.propagate(gm, torch.randn(4, 4), cache=memo)
     assert memo.stats()["hits"] == 2
+
+
+def _product_summed(x, w):
+    return (x * w).sum()
+
+
+def test_inference_mode_is_part_of_the_key():
+    """Adversary finding: with grad on, inference mode still makes results that do not require grad;
+    the key held grad mode only, so one mode's entry answered the other's call."""
+    import contextlib
+    gm = torch.fx.symbolic_trace(_product_summed)
+    memo = fxprop.RuleCache()
+    for inference in (False, True, False):
+        with contextlib.ExitStack() as modes:
+            if inference:
+                modes.enter_context(torch.inference_mode())
+            modes.enter_context(torch.enable_grad())
+            real = _product_summed(torch.randn(4), torch.randn(4, requires_grad=True))
+            out = fxprop.propagate(gm, TensorSpec((4,)), TensorSpec((4,), requires_grad=True), cache=memo)
+        assert out.requires_grad == real.requires_grad == (not inference)
