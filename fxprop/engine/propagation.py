@@ -19,7 +19,6 @@ its own nodes are annotated too.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 

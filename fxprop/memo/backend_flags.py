@@ -24,7 +24,8 @@ def environment() -> Hashable:
     mode still makes results that do not require grad), the default dtype, the backend flags."""
     mkldnn = torch.backends.mkldnn
     cudnn = torch.backends.cudnn
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(), mkldnn.is_available() and bool(mkldnn.enabled),
-            bool(getattr(mkldnn, "deterministic", False)), bool(cudnn.enabled), bool(cudnn.deterministic),
-            bool(cudnn.benchmark), torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(),
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+            mkldnn.is_available() and bool(mkldnn.enabled), bool(getattr(mkldnn, "deterministic", False)),
+            bool(cudnn.enabled), bool(cudnn.deterministic), bool(cudnn.benchmark),
+            torch.are_deterministic_algorithms_enabled(), torch.get_num_threads(),
             sdpa_backends(), tuple(int(b) for b in sdp_priority_order()))

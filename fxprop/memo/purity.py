@@ -176,9 +176,6 @@ def returns_several_views(op: str, target: Any) -> bool:
     return several
 
 
-_BUILTINS = (type(len), type(torch.Tensor.view))  # functions and methods compiled into torch
-
-
 def _returns_tensors(op: OpOverload) -> bool:
     return any("Tensor" in str(result.type) for result in schema_of(op).returns)
 

@@ -139,9 +139,13 @@ def tensor_split(input: torch.Tensor, indices_or_sections: Any = None, dim: int 
     (`fxprop.known_values`); for any other tensor the split depends on the data."""
     by = next((value for value in (indices_or_sections, tensor_indices_or_sections, sections, indices)
                if value is not None), None)
-    if not isinstance(by, torch.Tensor):
-        overload = aten.tensor_split.indices if isinstance(by, (list, tuple)) else aten.tensor_split.sections
-        return overload(input, by, dim)
+    if isinstance(by, torch.Tensor):
+        by = _split_points_on_the_host(by)
+    overload = aten.tensor_split.indices if isinstance(by, (list, tuple)) else aten.tensor_split.sections
+    return overload(input, by, dim)
+
+
+def _split_points_on_the_host(by: torch.Tensor) -> int | list[int]:
     check(device_of(by).type == "cpu",
           lambda: f"tensor_split expected tensor_indices_or_sections to be on cpu, but it's on {device_of(by)}")
     check(by.dtype == torch.int64, lambda: "tensor_split expected tensor_indices_or_sections to have dtype of long, "
@@ -153,10 +157,7 @@ def tensor_split(input: torch.Tensor, indices_or_sections: Any = None, dim: int 
         raise DataDependentError(f"tensor_split by a tensor of {'sections' if by.dim() == 0 else 'indices'}: "
                                  "its values depend on the data")
     with context.on_host():
-        values = known.tolist()
-    if by.dim() == 0:
-        return aten.tensor_split.sections(input, values, dim)
-    return aten.tensor_split.indices(input, values, dim)
+        return known.tolist()
 
 
 @rule(aten.unique_dim_consecutive.default)
