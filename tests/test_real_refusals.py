@@ -4,6 +4,8 @@ Each case runs through `check_rule`, which runs the real op: fxprop must propaga
 succeeds, and refuse with the same exception type where it raises.
 """
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -638,3 +640,42 @@ def test_calls_with_int64_indices_are_not_asked_of_the_host(monkeypatch):
     inputs = (torch.randn(5, 4), torch.tensor([0, 2, 1]), torch.tensor([1, 0, 2]))
     fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(indexing), *inputs)
     assert asked == []
+
+
+_plain_leaves = st.one_of(st.integers(-3, 3), st.floats(allow_nan=False, width=16), st.none(), st.booleans(),
+                          st.sampled_from([torch.float32, torch.int64, "mean", torch.device("cpu")]),
+                          st.builds(lambda n: torch.zeros(n), st.integers(0, 3)))
+_plain_arguments = st.recursive(_plain_leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple),
+    st.dictionaries(st.sampled_from(["dim", "out", "alpha"]), inner, max_size=3)), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(first=st.tuples(st.lists(_plain_arguments, max_size=3).map(tuple),
+                       st.dictionaries(st.sampled_from(["dim", "keepdim"]), _plain_arguments, max_size=2)),
+       second=st.tuples(st.lists(_plain_arguments, max_size=3).map(tuple),
+                        st.dictionaries(st.sampled_from(["dim", "keepdim"]), _plain_arguments, max_size=2)))
+def test_the_host_answers_key_a_call_by_its_structure_as_pytree_does(first, second):
+    """The host's answers are keyed by a call's leaves and structure: flattened as pytree
+    flattens them, and two calls share a structure exactly when their pytree specs are equal."""
+    from fxprop.aten.host_dtypes import _flattened
+    from torch.utils import _pytree as pytree
+    flat, structure = _flattened(*first)
+    expected_flat, spec = pytree.tree_flatten(first)
+    assert len(flat) == len(expected_flat) and all(a is b for a, b in zip(flat, expected_flat))
+    other_flat, other_structure = _flattened(*second)
+    assert (structure == other_structure) == (spec == pytree.tree_structure(second))
+
+
+def test_the_host_answers_calls_whose_arguments_pytree_alone_flattens():
+    """A named tuple among the arguments (pytree flattens it; the plain structure does not know it):
+    the call is flattened by pytree, and keyed apart from a plain tuple's."""
+    from collections import namedtuple
+    from fxprop.aten.host_dtypes import _flattened
+    from torch.utils import _pytree as pytree
+    Pair = namedtuple("Pair", "a b")
+    args = (Pair(torch.zeros(2), 1),)
+    flat, structure = _flattened(args, {})
+    assert structure == pytree.tree_structure((args, {})) and flat[1] == 1
+    assert structure != _flattened((tuple(args[0]),), {})[1]
+

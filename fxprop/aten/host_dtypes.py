@@ -156,7 +156,7 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
     device = context.node_device()
     if (device is not None and device.type != "cpu") or torch.Tag.nondeterministic_seeded in op.tags:
         return  # a random op would draw from the global generator
-    flat, spec = pytree.tree_flatten((args, kwargs))
+    flat, structure = _flattened(args, kwargs)
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
     if not tensors or symbolic.has_symbolic(flat):
         return
@@ -168,15 +168,49 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
         written = {id(t) for t in written_arguments(op, args, kwargs)} if "out" in kwargs else set()
         shape_of = lambda t: (0,) if id(t) in written else _stand_in_shape(t)  # noqa: E731
     try:
-        key = (op, spec, any_refusal, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor) else (type(v), v)
-                               for v in flat))
+        key = (op, structure, any_refusal, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor)
+                                                 else (type(v), v) for v in flat))
         hash(key)
     except TypeError:
         return
-    refusal = _answers.get(key, lambda: _ask_the_host(op, flat, spec, shape_of, any_refusal))
+    refusal = _answers.get(key, lambda: _ask_the_host(op, flat, pytree.tree_structure((args, kwargs)), shape_of,
+                                                      any_refusal))
     if refusal is not None:
         error_type, message = refusal
         raise PropagationError(message, error_type=error_type)
+
+
+class _NotPlain(Exception):
+    """A container or value that `_plain_structure` leaves to pytree."""
+
+
+# Leaves pytree never flattens further; anything else (named tuples, OrderedDicts, fx's immutable
+# lists, tensor subclasses) is flattened by pytree itself.
+_PLAIN_LEAVES = frozenset({torch.Tensor, int, float, bool, complex, str, type(None), torch.dtype, torch.device,
+                           torch.memory_format, torch.layout})
+
+
+def _flattened(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The call's leaves in pytree's order, and a structure that tells apart what pytree's spec
+    does. A call's arguments are almost always plain tuples, lists and dicts, whose structure is
+    a tuple that hashes and compares in C: a TreeSpec hashes and compares in python."""
+    flat: list = []
+    try:
+        return flat, _plain_structure((args, kwargs), flat)
+    except _NotPlain:
+        return pytree.tree_flatten((args, kwargs))
+
+
+def _plain_structure(value: Any, flat: list) -> Any:
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind, tuple([_plain_structure(item, flat) for item in value])
+    if kind is dict:  # pytree flattens a dict's values in insertion order
+        return dict, tuple(value), tuple([_plain_structure(item, flat) for item in value.values()])
+    if kind not in _PLAIN_LEAVES:
+        raise _NotPlain
+    flat.append(value)
+    return None
 
 
 def _ask_the_host(op: OpOverload, flat: list, spec: Any, shape_of: Any, any_refusal: bool) -> tuple[type, str] | None:
