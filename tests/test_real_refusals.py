@@ -679,3 +679,64 @@ def test_the_host_answers_calls_whose_arguments_pytree_alone_flattens():
     assert structure == pytree.tree_structure((args, {})) and flat[1] == 1
     assert structure != _flattened((tuple(args[0]),), {})[1]
 
+
+_MASK = torch.tensor([[True, False, True], [False, False, True]])
+_INDEX_PUTS = {
+    "values of another dtype": (lambda x, i, v: x.index_put_([i], v), torch.tensor([0, 1]), torch.ones(2, 3).double()),
+    "out of place, another dtype": (lambda x, i, v: torch.index_put(x, [i], v), torch.tensor([0, 1]),
+                                    torch.ones(3).double()),
+    "accumulated, another dtype": (lambda x, i, v: x.index_put_((i,), v, accumulate=True), torch.tensor([0, 1]),
+                                   torch.ones(2, 3).double()),
+    "x[i] = a 0-dim tensor of another dtype": (lambda x, i, v: x.__setitem__(i, v), torch.tensor([1]),
+                                                torch.tensor(2.0).double()),
+    "values that do not broadcast": (lambda x, i, v: x.index_put_([i], v), torch.tensor([0, 1]), torch.ones(2)),
+    "values of more dims": (lambda x, i, v: x.index_put_([i], v), torch.tensor([0, 1]), torch.ones(1, 2, 3)),
+    "values that broadcast": (lambda x, i, v: x.index_put_([i], v), torch.tensor([0, 1]), torch.ones(3)),
+    "a mask filled with one element of another dtype": (lambda x, m, v: x.index_put_([m], v), _MASK,
+                                                        torch.tensor(1.0).double()),
+    "a mask accumulating one element of another dtype": (lambda x, m, v: x.index_put_([m], v, accumulate=True),
+                                                         _MASK, torch.tensor(1.0).double()),
+    "a uint8 mask filled with one element": (lambda x, m, v: x.index_put_([m], v), _MASK.to(torch.uint8),
+                                             torch.tensor(1.0)),
+    "a mask given values of another dtype": (lambda x, m, v: x.index_put_([m], v), _MASK, torch.ones(3).double()),
+    "a mask of the wrong shape": (lambda x, m, v: x.index_put_([m], v), torch.tensor([True, False, True]),
+                                  torch.tensor(1.0)),
+    "a mask and an index, one element of another dtype": (
+        lambda x, m, i, v: torch.ops.aten.index_put_(x, [m, i], v), torch.tensor([True, False]), torch.tensor([0]),
+        torch.tensor(1.0).double()),
+    "one element and no mask": (lambda x, v: torch.ops.aten.index_put_(x, [None], v), torch.tensor(1.0)),
+    "too many indices": (lambda x, i, v: torch.ops.aten.index_put_(x, [i, i, i], v), torch.tensor([0]),
+                         torch.tensor(1.0)),
+    "an index out of range": (lambda x, i, v: x.index_put_([i], v), torch.tensor([5]), torch.ones(3)),
+}
+
+
+@pytest.mark.parametrize("case", list(_INDEX_PUTS))
+def test_index_put_checks_its_values_as_the_cpu_kernel_does(case):
+    """index_put's meta kernels check nothing; ATen fills a mask with one element through
+    masked_fill_, and otherwise wants values of self's dtype that broadcast to the indexed result."""
+    fn, *inputs = _INDEX_PUTS[case]
+    inputs = [torch.zeros(2, 3), *inputs]
+    try:
+        fn(*[t.clone() for t in inputs])
+    except Exception as error:  # noqa: BLE001 (the refusal fxprop must match)
+        with pytest.raises(fxprop.PropagationError) as ours:
+            fxprop.propagate(torch.fx.symbolic_trace(fn), *inputs)
+        assert ours.value.refuses_like(error), (ours.value, error)
+    else:
+        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+
+
+@pytest.mark.parametrize("op", [torch.bitwise_and, torch.lcm, torch.add], ids=lambda op: op.__name__)
+def test_an_out_tensor_that_is_also_an_input_is_asked_of_the_host_as_the_input_it_is(op):
+    """``op(x, y, out=x)``: the out= tensor stands in for the host as the full input it also is
+    (an empty stand-in would make the host refuse the sizes, which hid the refusal of the dtypes)."""
+    fn = lambda x, y: op(x, y, out=x)  # noqa: E731
+    try:
+        fn(torch.randn(2, 3), torch.randn(2, 3))
+    except NotImplementedError as error:
+        with pytest.raises(fxprop.PropagationError) as ours:
+            fxprop.propagate(torch.fx.symbolic_trace(fn), torch.randn(2, 3), torch.randn(2, 3))
+        assert ours.value.refuses_like(error)
+    else:
+        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), torch.randn(2, 3), torch.randn(2, 3))

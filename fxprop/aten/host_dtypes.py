@@ -165,7 +165,10 @@ def _check(op: OpOverload, args: tuple, kwargs: dict, full_size: bool = False, a
     if full_size:
         shape_of = lambda t: tuple(t.shape)  # noqa: E731
     else:  # an out= argument is empty: resized to the result without the warning a full one gets
-        written = {id(t) for t in written_arguments(op, args, kwargs)} if "out" in kwargs else set()
+        written = set()
+        if "out" in kwargs:  # one that is also an input (``out=x``) stands in full, as the input it is
+            read = {id(t) for t in tensors_in(args, {key: value for key, value in kwargs.items() if key != "out"})}
+            written = {id(t) for t in written_arguments(op, args, kwargs)} - read
         shape_of = lambda t: (0,) if id(t) in written else _stand_in_shape(t)  # noqa: E731
     try:
         key = (op, structure, any_refusal, tuple(shape_of(v) + (v.dtype,) if isinstance(v, torch.Tensor)

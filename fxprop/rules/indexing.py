@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import symbolic
+from ..devices import device_of
 from ..engine import session as context
 from ..torch_compat import scalar_type_name
 from ..aten.index_values import index_select_range_check
@@ -52,21 +54,87 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 def index(input: torch.Tensor, indices: list) -> torch.Tensor:
     """Boolean masks select a data-dependent number of elements: they become ``nonzero`` indices.
     A mask must have the shape of the dims it covers, which the meta kernel does not check."""
+    check_masks_fit(input, indices)
     expanded: list = []
+    for index_tensor in indices:
+        if _is_mask(index_tensor):
+            rows = nonzero(index_tensor)
+            expanded.extend(rows.select(1, j) for j in range(index_tensor.dim()))
+        else:
+            expanded.append(index_tensor)
+    return meta_index_tensor(input, expanded)
+
+
+def _is_mask(index: torch.Tensor | None) -> bool:
+    return index is not None and index.dtype in (torch.bool, torch.uint8)
+
+
+def check_masks_fit(input: torch.Tensor, indices: list) -> None:
+    """A boolean (or uint8) mask among the indices must have the sizes of the dims it covers."""
     dim = 0
     for index_tensor in indices:
-        if index_tensor is not None and index_tensor.dtype in (torch.bool, torch.uint8):
+        if _is_mask(index_tensor):
             for j, size in enumerate(index_tensor.shape):
                 check_index(dim + j >= input.dim() or size == input.shape[dim + j],
                             lambda: f"The shape of the mask {list(index_tensor.shape)} at index {j} does not match "
                                     f"the shape of the indexed tensor {list(input.shape)} at index {dim + j}")
             dim += index_tensor.dim()
-            rows = nonzero(index_tensor)
-            expanded.extend(rows.select(1, j) for j in range(index_tensor.dim()))
         else:
             dim += 1
-            expanded.append(index_tensor)
-    return meta_index_tensor(input, expanded)
+
+
+def _index_put(op):
+    """Corrects the meta kernels of index_put (``x[i] = v``), which check nothing. ATen writes one
+    element on the CPU through ``masked_fill_`` where the indices are one mask and Nones, and the
+    mask must then be bool; otherwise the indexed result ``self[indices]`` must take ``values`` by
+    broadcasting, and ``values`` must have ``self``'s dtype. With a mask among the indices the
+    indexed result's size depends on the mask's values: only the dtype is checked (a size that
+    does not fit raises the same RuntimeError). CUDA's sorting kernel (with ``accumulate``, or with
+    deterministic algorithms) has checks of its own, and is left to the meta kernel, as is a call
+    whose symbolic sizes leave undecided whether ``values`` is one element."""
+    def checking_values(self, indices, values, accumulate=False, *rest):
+        check_index(len(indices) <= self.dim(),
+                    lambda: f"too many indices for tensor of dimension {self.dim()} (got {len(indices)})")
+        check_masks_fit(self, indices)
+        given = [index for index in indices if index is not None]
+        masks = [index for index in given if _is_mask(index)]
+        one_element = symbolic.resolve(values.numel() == 1)
+        if one_element is None:
+            return op(self, indices, values, accumulate, *rest)  # which kernel writes is undecided
+        if (not accumulate and one_element and device_of(values).type == "cpu" and len(masks) == len(given) <= 1
+                and all(device_of(mask) == device_of(self) for mask in masks)):
+            check(bool(masks), lambda: "index_put_: one element to write and no mask among the indices "
+                                       "(ATen's masked_fill_ is given an undefined mask)")
+            check(masks[0].dtype == torch.bool, lambda: "masked_fill_ only supports boolean masks, but got mask with "
+                                                        f"dtype {scalar_type_name(masks[0].dtype)}")
+            return op(self, indices, values, accumulate, *rest)
+        if device_of(self).type == "cuda" and (accumulate or torch.are_deterministic_algorithms_enabled()):
+            return op(self, indices, values, accumulate, *rest)
+        if not masks:  # a mask selects a data-dependent count of elements
+            indexed = aten.index.Tensor(self, indices).shape
+            check(_expandable_to(values.shape, indexed) is not False,
+                  lambda: f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
+                          f"result of shape {list(indexed)}")
+        check(values.dtype == self.dtype, lambda: "Index put requires the source and destination dtypes match, got "
+                                                  f"{scalar_type_name(self.dtype)} for the destination and "
+                                                  f"{scalar_type_name(values.dtype)} for the source.")
+        return op(self, indices, values, accumulate, *rest)
+    checking_values.__name__ = checking_values.__qualname__ = f"{op.__name__.replace('.', '_')}_checking_values"
+    return rule(op)(checking_values)
+
+
+def _expandable_to(shape: torch.Size, desired: torch.Size) -> bool | None:
+    """Whether ``expand`` takes ``shape`` to ``desired`` (None where symbolic sizes leave it undecided)."""
+    if len(shape) > len(desired):
+        return False
+    decided = [_either(symbolic.resolve(size == 1), symbolic.resolve(size == wanted))
+               for size, wanted in zip(reversed(shape), reversed(desired))]
+    return False if False in decided else None if None in decided else True
+
+
+def _either(first: bool | None, second: bool | None) -> bool | None:
+    """``first or second`` of two three-valued truths (None: undecided)."""
+    return True if True in (first, second) else None if None in (first, second) else False
 
 
 def _index_func(op, name: str):
@@ -143,3 +211,6 @@ _index_copy(aten.index_copy.default)
 _index_copy(aten.index_copy_.default)
 _masked_scatter(aten.masked_scatter.default)
 _masked_scatter(aten.masked_scatter_.default)
+for _op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default,
+            aten._unsafe_index_put.default):
+    _index_put(_op)
