@@ -740,3 +740,24 @@ def test_an_out_tensor_that_is_also_an_input_is_asked_of_the_host_as_the_input_i
         assert ours.value.refuses_like(error)
     else:
         fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), torch.randn(2, 3), torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.nansum(x, 0, dtype=torch.complex64),
+                                lambda x: torch.sum(x, 0, dtype=torch.int8),
+                                lambda x: torch.cumsum(x, 0, dtype=torch.int16),
+                                lambda x: torch.prod(x, dtype=torch.complex128),
+                                lambda x: x.to(torch.uint8) + 1],
+                         ids=["nansum into complex64", "sum into int8", "cumsum into int16", "prod into complex128",
+                              "to uint8"])
+def test_the_dtype_an_op_is_told_to_compute_in_is_asked_of_the_host(fn):
+    """A ``dtype=`` that few kernels implement, or a narrow integer one, is asked of the host's
+    kernel as an input of that dtype would be (``nansum`` has no complex CPU kernel)."""
+    x = torch.randn(2, 3)
+    try:
+        fn(x)
+    except NotImplementedError as error:
+        with pytest.raises(fxprop.PropagationError) as ours:
+            fxprop.propagate(torch.fx.symbolic_trace(fn), x)
+        assert ours.value.refuses_like(error)
+    else:
+        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), x)
