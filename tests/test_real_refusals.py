@@ -761,3 +761,60 @@ def test_the_dtype_an_op_is_told_to_compute_in_is_asked_of_the_host(fn):
         assert ours.value.refuses_like(error)
     else:
         fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), x)
+
+
+_MASK_5 = torch.tensor([True, False, True, True, False])
+_INDEX_PUTS_OF_ANY_SELF = {  # adversary findings, each against real execution
+    "x[0, m] = a 0-dim int64 tensor (masked_fill_ of a view)": (lambda x, m, v: x.__setitem__((0, m), v),
+                                                                torch.zeros(2, 3), torch.tensor([True, False, True]),
+                                                                torch.tensor(1)),
+    "x[1:, m] = a 0-dim int64 tensor": (lambda x, m, v: x.__setitem__((slice(1, None), m), v), torch.zeros(2, 3),
+                                         torch.tensor([True, False, True]), torch.tensor(1)),
+    "a mask of more dims than self has": (lambda x, m, v: x.index_put_([m], v), torch.zeros(5),
+                                          torch.ones(5, 1, dtype=torch.bool), torch.tensor(1.0)),
+    "a mask of more dims, accumulated": (lambda x, m, v: x.index_put_([m], v, accumulate=True), torch.zeros(5, 3),
+                                         torch.ones(5, 3, 1, dtype=torch.bool), torch.ones(15)),
+    "only Nones, accumulated": (lambda x, v: torch.ops.aten.index_put_(x, [None], v, True), torch.zeros(5, 3),
+                                torch.tensor(2.0)),
+    "only Nones, several values": (lambda x, v: torch.ops.aten.index_put_(x, [None], v), torch.zeros(5, 3),
+                                   torch.ones(5, 3)),
+    "a 0-dim mask, values of one more dim": (lambda x, m, v: torch.ops.aten.index_put_(x, [m], v), torch.zeros(5, 3),
+                                             torch.tensor(True), torch.ones(1, 5, 3)),
+    "a mask and an index, values of another dtype": (lambda x, m, i, v: x.index_put_((m, i), v), torch.zeros(5, 3),
+                                                     _MASK_5, torch.tensor([0, 2, 1]), torch.ones(3, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("case", list(_INDEX_PUTS_OF_ANY_SELF))
+def test_index_put_writes_and_refuses_as_the_cpu_kernel_does(case):
+    fn, *inputs = _INDEX_PUTS_OF_ANY_SELF[case]
+    try:
+        fn(*[t.clone() for t in inputs])
+    except Exception as error:  # noqa: BLE001 (the refusal fxprop must match)
+        with pytest.raises(fxprop.PropagationError) as ours:
+            fxprop.propagate(torch.fx.symbolic_trace(fn), *inputs)
+        assert ours.value.refuses_like(error), (ours.value, error)
+    else:
+        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+
+
+def test_index_put_on_the_meta_device_is_checked_as_the_meta_device_checks_it():
+    """An index_put on the meta device runs the meta device's kernels, not the CPU's checks."""
+    fn = lambda x, m, v: x.__setitem__(m, v)  # noqa: E731
+    inputs = (torch.zeros(5, 3, device="meta"), torch.ones(5, 3, dtype=torch.bool, device="meta"),
+              torch.ones((), dtype=torch.int64, device="meta"))
+    fn(*inputs)
+    fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+
+
+def test_index_put_with_symbolic_values_refuses_another_dtype_whatever_their_count():
+    """With an index tensor (or accumulate) ATen never fills a mask, so values of another dtype are
+    refused whether or not they turn out to be one element."""
+    gm = torch.fx.symbolic_trace(lambda x, i, v: x.index_put_([i], v))
+    for count in (1, 2):
+        with pytest.raises(RuntimeError):
+            gm(torch.zeros(4, 3), torch.tensor([0, 1][:count]), torch.ones(count, dtype=torch.int64))
+    with pytest.raises(fxprop.PropagationError) as ours:
+        fxprop.propagate(gm, fxprop.TensorSpec(("B", 3)), fxprop.TensorSpec(("N",), dtype=torch.int64),
+                         fxprop.TensorSpec(("K",), dtype=torch.int64))
+    assert ours.value.error_type is RuntimeError

@@ -132,7 +132,7 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
     uint8 tensor: the meta kernel's dtype check, the kernel's IndexError for the dims). The
     call is refused for its sizes or dtypes, which the kernel checks before any value, so the
     stand-ins' values do not decide the kernel's refusal. Asked only once the call is refused."""
-    if op.namespace != "aten" or _too_big_to_ask(args, kwargs, None):
+    if op.namespace != "aten" or _too_big_to_ask(args, kwargs, None) or _masks_among_indices(args, kwargs):
         return
     try:
         _check(op, args, kwargs, full_size=True, any_refusal=True)
@@ -141,6 +141,15 @@ def refusal_type_on_the_host(op: OpOverload, args: tuple, kwargs: dict, refusal:
             raise host_refusal from refusal
 
 
+def _masks_among_indices(args: tuple, kwargs: dict) -> bool:
+    """Whether a bool or uint8 tensor sits in a list of indices (``index_put``'s): a mask selects as
+    many elements as its values say, so a refusal of stand-ins could be their values'."""
+    return any(isinstance(value, (list, tuple)) and any(isinstance(item, torch.Tensor) and item.dtype in _MASKS
+                                                        for item in value)
+               for value in (*args, *kwargs.values()))
+
+
+_MASKS = (torch.bool, torch.uint8)
 _FULL_SIZE_LIMIT = 1 << 16  # elements in all: a refused call is asked on stand-ins of its own sizes up to this
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from .. import symbolic
-from ..devices import device_of
 from ..engine import session as context
 from ..torch_compat import scalar_type_name
 from ..aten.index_values import index_select_range_check
@@ -84,40 +83,49 @@ def check_masks_fit(input: torch.Tensor, indices: list) -> None:
 
 
 def _index_put(op):
-    """Corrects the meta kernels of index_put (``x[i] = v``), which check nothing. ATen writes one
-    element on the CPU through ``masked_fill_`` where the indices are one mask and Nones, and the
+    """Corrects the meta kernels of index_put (``x[i] = v``), which check nothing, on the CPU. ATen
+    writes one element through ``masked_fill_`` where the indices are one mask and Nones, and the
     mask must then be bool; otherwise the indexed result ``self[indices]`` must take ``values`` by
-    broadcasting, and ``values`` must have ``self``'s dtype. With a mask among the indices the
-    indexed result's size depends on the mask's values: only the dtype is checked (a size that
-    does not fit raises the same RuntimeError). CUDA's sorting kernel (with ``accumulate``, or with
-    deterministic algorithms) has checks of its own, and is left to the meta kernel, as is a call
-    whose symbolic sizes leave undecided whether ``values`` is one element."""
+    broadcasting, ``values`` must have ``self``'s dtype, and an index tensor must be given. With a
+    mask among the indices the indexed result's size depends on the mask's values: only the dtype
+    is checked (a size that does not fit raises the same RuntimeError). A call whose symbolic sizes
+    leave undecided whether ``values`` is one element is left to the meta kernel, as are other
+    devices' calls (the meta device's kernel checks nothing; CUDA's sorting kernel has its own)."""
     def checking_values(self, indices, values, accumulate=False, *rest):
+        device = context.node_device()
+        if device is None or device.type != "cpu":
+            return op(self, indices, values, accumulate, *rest)
         check_index(len(indices) <= self.dim(),
                     lambda: f"too many indices for tensor of dimension {self.dim()} (got {len(indices)})")
+        covered = sum(index.dim() if _is_mask(index) else 1 for index in indices)
+        check_index(covered <= self.dim(), lambda: "Dimension out of range (expected to be in range of "
+                                                   f"[{-max(self.dim(), 1)}, {max(self.dim(), 1) - 1}], but got {self.dim()})")
         check_masks_fit(self, indices)
         given = [index for index in indices if index is not None]
         masks = [index for index in given if _is_mask(index)]
-        one_element = symbolic.resolve(values.numel() == 1)
-        if one_element is None:
-            return op(self, indices, values, accumulate, *rest)  # which kernel writes is undecided
-        if (not accumulate and one_element and device_of(values).type == "cpu" and len(masks) == len(given) <= 1
-                and all(device_of(mask) == device_of(self) for mask in masks)):
-            check(bool(masks), lambda: "index_put_: one element to write and no mask among the indices "
-                                       "(ATen's masked_fill_ is given an undefined mask)")
-            check(masks[0].dtype == torch.bool, lambda: "masked_fill_ only supports boolean masks, but got mask with "
-                                                        f"dtype {scalar_type_name(masks[0].dtype)}")
-            return op(self, indices, values, accumulate, *rest)
-        if device_of(self).type == "cuda" and (accumulate or torch.are_deterministic_algorithms_enabled()):
-            return op(self, indices, values, accumulate, *rest)
-        if not masks:  # a mask selects a data-dependent count of elements
-            indexed = aten.index.Tensor(self, indices).shape
+        if not accumulate and len(masks) == len(given) <= 1:
+            one_element = symbolic.resolve(values.numel() == 1)
+            if one_element is None:
+                return op(self, indices, values, accumulate, *rest)  # which kernel writes is undecided
+            if one_element:
+                check(bool(masks), lambda: "index_put_: one element to write and no mask among the indices "
+                                           "(ATen's masked_fill_ is given an undefined mask)")
+                check(masks[0].dtype == torch.bool, lambda: "masked_fill_ only supports boolean masks, but got mask "
+                                                            f"with dtype {scalar_type_name(masks[0].dtype)}")
+                return op(self, indices, values, accumulate, *rest)
+        # a 0-dim mask covers no dim: ATen's kernel drops it (and indexes all of self with what is left)
+        kernel_indices = [None if _is_mask(index) and index.dim() == 0 else index for index in indices]
+        given = [index for index in kernel_indices if index is not None]
+        if not any(_is_mask(index) for index in given):  # a mask selects a data-dependent count of elements
+            indexed = aten.index.Tensor(self, kernel_indices).shape if given else self.shape
             check(_expandable_to(values.shape, indexed) is not False,
                   lambda: f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to indexing "
                           f"result of shape {list(indexed)}")
         check(values.dtype == self.dtype, lambda: "Index put requires the source and destination dtypes match, got "
                                                   f"{scalar_type_name(self.dtype)} for the destination and "
                                                   f"{scalar_type_name(values.dtype)} for the source.")
+        check(bool(given), lambda: "index_put_: no index tensor among the indices (ATen's index kernel asserts "
+                                   "ntensor >= 3)")
         return op(self, indices, values, accumulate, *rest)
     checking_values.__name__ = checking_values.__qualname__ = f"{op.__name__.replace('.', '_')}_checking_values"
     return rule(op)(checking_values)
