@@ -75,11 +75,11 @@ def check_cpu_kernel_dtypes(op: OpOverload, args: tuple, kwargs: dict, result: A
 
 
 def _asked_on_its_own_sizes(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> bool:
-    """A dtype that few kernels implement, among the tensors or as the ``dtype=`` the op is told to
-    compute in (``nansum`` into complex64); integer tensors or a ``dtype=`` narrower than int64, which the kernels
+    """A dtype that few kernels implement; integer tensors narrower than int64, which the kernels
     that read indices refuse (``put``'s index, ``nll_loss``'s target, ``searchsorted``'s sorter)
-    and few others implement (``grid_sample`` of uint8); or, in softmax or batch_norm of ints,
-    integers the meta kernel keeps in its result, which the CPU kernel has no code for."""
+    and few others implement (``grid_sample`` of uint8); either as the ``dtype=`` the op computes
+    in (``nansum`` into complex64); or, in softmax or batch_norm of ints, integers the meta kernel
+    keeps in its result, which the CPU kernel has no code for."""
     dtypes = {tensor.dtype for tensor in tensors_in(args, kwargs)}
     if isinstance(kwargs.get("dtype"), torch.dtype):
         dtypes.add(kwargs["dtype"])

@@ -53,7 +53,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 def index(input: torch.Tensor, indices: list) -> torch.Tensor:
     """Boolean masks select a data-dependent number of elements: they become ``nonzero`` indices.
     A mask must have the shape of the dims it covers, which the meta kernel does not check."""
-    check_masks_fit(input, indices)
+    _check_masks_fit(input, indices)
     expanded: list = []
     for index_tensor in indices:
         if _is_mask(index_tensor):
@@ -68,7 +68,7 @@ def _is_mask(index: torch.Tensor | None) -> bool:
     return index is not None and index.dtype in (torch.bool, torch.uint8)
 
 
-def check_masks_fit(input: torch.Tensor, indices: list) -> None:
+def _check_masks_fit(input: torch.Tensor, indices: list) -> None:
     """A boolean (or uint8) mask among the indices must have the sizes of the dims it covers."""
     dim = 0
     for index_tensor in indices:
@@ -100,7 +100,7 @@ def _index_put(op):
         covered = sum(index.dim() if _is_mask(index) else 1 for index in indices)
         check_index(covered <= self.dim(), lambda: "Dimension out of range (expected to be in range of "
                                                    f"[{-max(self.dim(), 1)}, {max(self.dim(), 1) - 1}], but got {self.dim()})")
-        check_masks_fit(self, indices)
+        _check_masks_fit(self, indices)
         given = [index for index in indices if index is not None]
         masks = [index for index in given if _is_mask(index)]
         if not accumulate and len(masks) == len(given) <= 1:
