@@ -106,50 +106,40 @@ def _chain(nodes: int) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def test_garbage_made_during_a_large_propagation_is_collected_without_asking():
-    """Adversary finding: moving what a call made into the oldest generation unwalked (``gc.freeze()``
-    then ``gc.unfreeze()``) moved the call's garbage too, and kept full collections from running:
-    cycles a progress callback made piled up, 8 MB each. The collector alone must free them."""
+class _Cycle:
+    def __init__(self):
+        self.itself = self
+
+
+def _cycles_left(gm: torch.fx.GraphModule, calls: int, between=lambda: None) -> int:
+    """Propagate ``gm`` ``calls`` times, a progress callback making a reference cycle at each call's
+    end (``between`` runs after each call); how many of those cycles are still alive."""
     import weakref
-
-    class Cycle:
-        def __init__(self):
-            self.itself = self
-
     made = []
 
     def progress(done, total):
         if done == total:
-            cycle = Cycle()
-            made.append(weakref.ref(cycle))
+            made.append(weakref.ref(_Cycle()))
 
-    gm = _chain(1000)
     gc.collect()
-    for _ in range(30):
+    for _ in range(calls):
         fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False, progress=progress)
+        between()
+    return sum(ref() is not None for ref in made)
+
+
+def test_garbage_made_during_a_large_propagation_is_collected_without_asking():
+    """Adversary finding: moving what a call made into the oldest generation unwalked (``gc.freeze()``
+    then ``gc.unfreeze()``) moved the call's garbage too, and kept full collections from running:
+    cycles a progress callback made piled up, 8 MB each. The collector alone must free them."""
+    def what_a_caller_allocates_between_calls():
         for _ in range(3000):
-            [[]]  # what a caller allocates between calls
-    assert sum(ref() is not None for ref in made) <= 2
+            [[]]
+    assert _cycles_left(_chain(1000), 30, what_a_caller_allocates_between_calls) <= 2
 
 
 def test_garbage_made_during_calls_that_free_as_much_as_they_make_is_collected():
     """A graph propagated again frees its earlier values, so a call can end with the collector's
     allocation count under its threshold, call after call: garbage a callback made must not wait
     for allocations the caller may never make."""
-    import weakref
-
-    class Cycle:
-        def __init__(self):
-            self.itself = self
-
-    made = []
-
-    def progress(done, total):
-        if done == total:
-            made.append(weakref.ref(Cycle()))
-
-    gm = _chain(300)
-    gc.collect()
-    for _ in range(20):
-        fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False, progress=progress)
-    assert sum(ref() is not None for ref in made) <= 1
+    assert _cycles_left(_chain(300), 20) <= 1

@@ -680,6 +680,19 @@ def test_the_host_answers_calls_whose_arguments_pytree_alone_flattens():
     assert structure != _flattened((tuple(args[0]),), {})[1]
 
 
+def _matches_real_or_refuses_alike(fn, *inputs):
+    """``fn`` traced and propagated on ``inputs``: refused as real execution refuses it (same
+    exception type), or matching real execution's result."""
+    try:
+        fn(*[t.clone() for t in inputs])
+    except Exception as error:  # noqa: BLE001 (the refusal fxprop must match)
+        with pytest.raises(fxprop.PropagationError) as ours:
+            fxprop.propagate(torch.fx.symbolic_trace(fn), *inputs)
+        assert ours.value.refuses_like(error), (ours.value, error)
+    else:
+        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+
+
 _MASK = torch.tensor([[True, False, True], [False, False, True]])
 _INDEX_PUTS = {
     "values of another dtype": (lambda x, i, v: x.index_put_([i], v), torch.tensor([0, 1]), torch.ones(2, 3).double()),
@@ -716,30 +729,14 @@ def test_index_put_checks_its_values_as_the_cpu_kernel_does(case):
     """index_put's meta kernels check nothing; ATen fills a mask with one element through
     masked_fill_, and otherwise wants values of self's dtype that broadcast to the indexed result."""
     fn, *inputs = _INDEX_PUTS[case]
-    inputs = [torch.zeros(2, 3), *inputs]
-    try:
-        fn(*[t.clone() for t in inputs])
-    except Exception as error:  # noqa: BLE001 (the refusal fxprop must match)
-        with pytest.raises(fxprop.PropagationError) as ours:
-            fxprop.propagate(torch.fx.symbolic_trace(fn), *inputs)
-        assert ours.value.refuses_like(error), (ours.value, error)
-    else:
-        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+    _matches_real_or_refuses_alike(fn, torch.zeros(2, 3), *inputs)
 
 
 @pytest.mark.parametrize("op", [torch.bitwise_and, torch.lcm, torch.add], ids=lambda op: op.__name__)
 def test_an_out_tensor_that_is_also_an_input_is_asked_of_the_host_as_the_input_it_is(op):
     """``op(x, y, out=x)``: the out= tensor stands in for the host as the full input it also is
     (an empty stand-in would make the host refuse the sizes, which hid the refusal of the dtypes)."""
-    fn = lambda x, y: op(x, y, out=x)  # noqa: E731
-    try:
-        fn(torch.randn(2, 3), torch.randn(2, 3))
-    except NotImplementedError as error:
-        with pytest.raises(fxprop.PropagationError) as ours:
-            fxprop.propagate(torch.fx.symbolic_trace(fn), torch.randn(2, 3), torch.randn(2, 3))
-        assert ours.value.refuses_like(error)
-    else:
-        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), torch.randn(2, 3), torch.randn(2, 3))
+    _matches_real_or_refuses_alike(lambda x, y: op(x, y, out=x), torch.randn(2, 3), torch.randn(2, 3))
 
 
 @pytest.mark.parametrize("fn", [lambda x: torch.nansum(x, 0, dtype=torch.complex64),
@@ -752,15 +749,7 @@ def test_an_out_tensor_that_is_also_an_input_is_asked_of_the_host_as_the_input_i
 def test_the_dtype_an_op_is_told_to_compute_in_is_asked_of_the_host(fn):
     """A ``dtype=`` that few kernels implement, or a narrow integer one, is asked of the host's
     kernel as an input of that dtype would be (``nansum`` has no complex CPU kernel)."""
-    x = torch.randn(2, 3)
-    try:
-        fn(x)
-    except NotImplementedError as error:
-        with pytest.raises(fxprop.PropagationError) as ours:
-            fxprop.propagate(torch.fx.symbolic_trace(fn), x)
-        assert ours.value.refuses_like(error)
-    else:
-        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), x)
+    _matches_real_or_refuses_alike(fn, torch.randn(2, 3))
 
 
 _MASK_5 = torch.tensor([True, False, True, True, False])
@@ -788,14 +777,7 @@ _INDEX_PUTS_OF_ANY_SELF = {  # adversary findings, each against real execution
 @pytest.mark.parametrize("case", list(_INDEX_PUTS_OF_ANY_SELF))
 def test_index_put_writes_and_refuses_as_the_cpu_kernel_does(case):
     fn, *inputs = _INDEX_PUTS_OF_ANY_SELF[case]
-    try:
-        fn(*[t.clone() for t in inputs])
-    except Exception as error:  # noqa: BLE001 (the refusal fxprop must match)
-        with pytest.raises(fxprop.PropagationError) as ours:
-            fxprop.propagate(torch.fx.symbolic_trace(fn), *inputs)
-        assert ours.value.refuses_like(error), (ours.value, error)
-    else:
-        fxprop.testing.assert_matches_real(torch.fx.symbolic_trace(fn), *inputs)
+    _matches_real_or_refuses_alike(fn, *inputs)
 
 
 def test_index_put_on_the_meta_device_is_checked_as_the_meta_device_checks_it():
