@@ -1,6 +1,6 @@
 """fxprop against torch's FakeTensorProp on the same graphs, in one run, side by side.
 
-    .venv/bin/python benchmarks/run.py                  # everything (~22 min on 2 cores), writes benchmarks/results.md
+    .venv/bin/python benchmarks/run.py                  # everything (~25 min on 2 cores), writes benchmarks/results.md
     .venv/bin/python benchmarks/run.py --quick          # one iteration (~3 min): fewer runs, no cold, no Llama-160/800
     .venv/bin/python benchmarks/run.py --profile-only   # only the three cProfile summaries, printed (~15 s)
     .venv/bin/python benchmarks/run.py --cases gpt2 llama80 --runs 3 --no-cold --no-symbolic --no-aot
@@ -19,6 +19,9 @@ hot          the same, with both caches warm: each method has propagated this ve
              replays it whole from its third; FakeTensorMode's cache fills on the first).
 cold         a fresh process per method and graph (benchmarks/cold.py): the graph is built,
              then the clock covers the method's import and its first call; median of --cold-runs.
+             fxprop's modules are byte-compiled first, as a pip install leaves torch's (an
+             editable install under PYTHONDONTWRITEBYTECODE would compile its sources in every
+             process).
 
 Symbolic section (benchmarks/dynamic.py; --symbolic, --no-symbolic)
              ``torch.export.export(..., dynamic_shapes=...)`` with ``Dim`` batch and seq on HF GPT-2,
@@ -53,6 +56,7 @@ nothing here fails on a missed target.
 from __future__ import annotations
 
 import argparse
+import compileall
 import cProfile
 import gc
 import io
@@ -162,6 +166,12 @@ def python_heap_peak_mb(case: Case) -> float:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak / 2**20
+
+
+def byte_compile_fxprop() -> None:
+    """fxprop's modules byte-compiled where their bytecode is missing or stale, so that a fresh
+    process reads bytecode as it does for torch's."""
+    compileall.compile_dir(str(Path(fxprop.__file__).parent), quiet=1)
 
 
 def cold(case_name: str, runs: int) -> dict[str, dict]:
@@ -412,7 +422,7 @@ def main() -> int:
     parser.add_argument("--aot-models", nargs="*", default=None,
                         help=f"tests/corpus models for the AOT section (default: {' '.join(DEFAULT_AOT)})")
     parser.add_argument("--runs", type=int, default=None, help="timed calls per method, regime and graph (5)")
-    parser.add_argument("--cold-runs", type=int, default=1, help="fresh processes per method and graph")
+    parser.add_argument("--cold-runs", type=int, default=3, help="fresh processes per method and graph")
     parser.add_argument("--no-cold", action="store_true", help="skip the fresh-process measurements")
     parser.add_argument("--no-symbolic", action="store_true", help="skip the torch.export Dim section")
     parser.add_argument("--no-aot", action="store_true", help="skip the torch.compile / AOTAutograd section")
@@ -442,6 +452,8 @@ def main() -> int:
         print(f"\n({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         return 0
 
+    if not args.no_cold:
+        byte_compile_fxprop()
     load_start = wait_for_quiet(args.quiet_load, args.patience)
     print(f"load at start {load_start:.2f}", file=sys.stderr, flush=True)
     warm_process()
@@ -785,7 +797,8 @@ def render(rows, programs, compiled, profiles, notes, args) -> str:
              f"{loads[0]:.2f} at the start, {min(loads):.2f}-{max(loads):.2f} during the run (other processes share "
              f"the machine). Medians of {args.runs} calls per method and regime (fewer on large graphs: see "
              f"'timed calls'); cold: "
-             + ("none" if args.no_cold else f"{args.cold_runs} fresh process(es) per method and graph")
+             + ("none" if args.no_cold else f"{args.cold_runs} fresh process(es) per method and graph, "
+                                              "fxprop's modules byte-compiled as a pip install leaves torch's")
              + f". Whole run: {notes['elapsed'] / 60:.1f} min (minutes per section: {sections}).",
              "", "## Targets", "", "| target | measured | |", "|---|---|---|"]
     for title, figure, ok in targets(rows, programs, compiled):
