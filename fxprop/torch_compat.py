@@ -34,7 +34,7 @@ from torch._prims_common import (ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dt
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported)
 import torch.utils._foreach_utils  # noqa: F401  (foreach_kernel_devices)
 from torch._decomp import decomposition_table  # noqa: F401
-from torch._dispatch.python import enable_python_dispatcher  # noqa: F401
+from torch._dispatch.python import enable_python_dispatcher, no_python_dispatcher  # noqa: F401
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket  # noqa: F401
 from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,  # noqa: F401
                                            FakeTensor, FakeTensorMode, unset_fake_temporarily)
@@ -746,20 +746,29 @@ def one_fake_mode_for_traced_values():
 
 @contextlib.contextmanager
 def without_ambient_modes():
-    """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...) and every
-    TorchFunctionMode (``with torch.device(...)``) the caller has active; they come back after."""
+    """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...), every
+    TorchFunctionMode (``with torch.device(...)``) and torch's python dispatcher the caller has
+    active; they come back after. AOTAutograd calls its compilers with its FakeTensorMode and the
+    python dispatcher on: without it every op pays a python-level kernel lookup, and the
+    kernels are those of a call made anywhere else (a symbolic propagation turns it on where
+    its kernels need it)."""
     from torch._ops import _len_torch_dispatch_stack_pre_dispatch
-    if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
-            or _len_torch_dispatch_stack_pre_dispatch()):
-        yield  # none to leave
-        return
-    function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
-    try:
-        with _disable_current_modes():
-            yield
-    finally:
-        for mode in reversed(function_modes):
-            torch._C._push_on_torch_function_stack(mode)
+    with no_python_dispatcher() if _python_dispatcher_on() else contextlib.nullcontext():
+        if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+                or _len_torch_dispatch_stack_pre_dispatch()):
+            yield  # none to leave
+            return
+        function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+        try:
+            with _disable_current_modes():
+                yield
+        finally:
+            for mode in reversed(function_modes):
+                torch._C._push_on_torch_function_stack(mode)
+
+
+def _python_dispatcher_on() -> bool:
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
 
 
 def functorch_depth() -> int:

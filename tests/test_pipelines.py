@@ -85,6 +85,41 @@ def test_aot_callbacks_propagate_under_the_partitioners_fake_mode():
     assert propagated == [True, True]
 
 
+def _python_dispatcher_on() -> bool:
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+
+
+def test_an_aot_callback_propagates_without_the_python_dispatcher_it_is_called_with():
+    """AOTAutograd calls its compilers with torch's python dispatcher on: a propagation without
+    symbols runs the kernels a call from anywhere else runs, and leaves the dispatcher on."""
+    from functorch.compile import aot_module_simplified
+    seen = []
+
+    @torch.library.custom_op("fxprop_pipelines::doubled", mutates_args=())
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @doubled.register_fake
+    def _(x):
+        seen.append(("kernel", _python_dispatcher_on()))
+        return torch.empty_like(x)
+
+    def compiler(gm, inputs):
+        seen.clear()
+        seen.append(("called with", _python_dispatcher_on()))
+        fxprop.propagate(gm, *inputs)
+        seen.append(("left", _python_dispatcher_on()))
+        return gm.forward
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler)
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: doubled(x).relu(), backend=backend)(torch.randn(4, 8))
+    assert seen[0] == ("called with", True) and seen[-1] == ("left", True)
+    assert seen[1:-1] and all(entry == ("kernel", False) for entry in seen[1:-1])
+
+
 def test_ambient_fake_mode_changes_nothing():
     from torch._subclasses.fake_tensor import FakeTensorMode
     gm = torch.fx.symbolic_trace(lambda x: torch.empty_strided((2, 3), (1, 2)) + x)
