@@ -143,3 +143,66 @@ def test_garbage_made_during_calls_that_free_as_much_as_they_make_is_collected()
     allocation count under its threshold, call after call: garbage a callback made must not wait
     for allocations the caller may never make."""
     assert _cycles_left(_chain(300), 20) <= 1
+
+
+def test_the_collector_is_left_as_the_caller_set_it_during_a_propagation():
+    """Adversary finding: a propagation resumed the collector with ``gc.enable()``, undoing a
+    ``gc.disable()`` made meanwhile (by another thread; ``timeit`` disables it around what it
+    times). Thresholds set meanwhile stay too."""
+    def disabling(done, total):
+        if done == 1:
+            gc.disable()
+
+    try:
+        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=disabling)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    thresholds = gc.get_threshold()
+
+    def setting_thresholds(done, total):
+        if done == 1:
+            gc.set_threshold(500, 5, 5)
+
+    try:
+        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=setting_thresholds)
+        assert gc.get_threshold() == (500, 5, 5)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def test_the_collector_stays_paused_until_the_last_of_concurrent_propagations_returns():
+    """Adversary finding: the first of two propagations in flight resumed the collector as it
+    returned, and the other then ran with collections walking its values."""
+    import threading
+    thresholds = gc.get_threshold()
+    inside, release = threading.Event(), threading.Event()
+
+    def waiting_inside(done, total):
+        if done == 1:
+            inside.set()
+            release.wait(60)
+
+    other = threading.Thread(target=fxprop.propagate, args=(_chain(5), fxprop.TensorSpec((2, 3))),
+                             kwargs={"cache": False, "progress": waiting_inside})
+
+    def starting_the_other(done, total):
+        if done == 1:
+            other.start()
+            assert inside.wait(60)
+
+    collections = []
+    counting = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None  # noqa: E731
+    try:
+        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=starting_the_other)
+        gc.callbacks.append(counting)
+        for _ in range(20 * thresholds[0]):
+            _Cycle()
+        gc.callbacks.remove(counting)
+        assert collections == []  # the other call is still in flight
+    finally:
+        if counting in gc.callbacks:
+            gc.callbacks.remove(counting)
+        release.set()
+        other.join(60)
+    assert gc.get_threshold() == thresholds and gc.isenabled()

@@ -20,17 +20,34 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
+
+_lock = threading.Lock()
+_paused_calls = 0
+_thresholds: tuple = ()  # the collector's thresholds when the first call in progress paused it
 
 
 @contextlib.contextmanager
 def garbage_collection_paused():
-    """The collector paused for the call, and resumed (when this call paused it) even when the
-    call fails."""
-    paused = gc.isenabled()
-    gc.disable()
+    """The collector's automatic passes paused while any propagation runs (in any thread), and
+    resumed when the last one returns or fails.
+
+    Paused by a zero allocation threshold, not ``gc.disable()``: the enabled flag stays the
+    caller's, so a thread that disables the collector meanwhile (``timeit`` does) finds it still
+    disabled afterwards. Thresholds someone sets meanwhile are kept too."""
+    global _paused_calls, _thresholds
+    with _lock:
+        if _paused_calls == 0:
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(0, *_thresholds[1:])
+        _paused_calls += 1
     try:
         yield
     finally:
-        if paused:
-            gc.enable()
+        with _lock:
+            _paused_calls -= 1
+            last = _paused_calls == 0
+            if last and gc.get_threshold()[0] == 0:
+                gc.set_threshold(*_thresholds)
+        if last and gc.isenabled():
             gc.collect(0)
