@@ -746,25 +746,28 @@ def one_fake_mode_for_traced_values():
 
 @contextlib.contextmanager
 def without_ambient_modes():
-    """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...), every
-    TorchFunctionMode (``with torch.device(...)``) and torch's python dispatcher the caller has
-    active; they come back after. AOTAutograd calls its compilers with its FakeTensorMode and the
-    python dispatcher on: without it every op pays a python-level kernel lookup, and the
-    kernels are those of a call made anywhere else (a symbolic propagation turns it on where
-    its kernels need it)."""
+    """Leave every dispatch mode (a FakeTensorMode, a tracer's proxy mode...) and every
+    TorchFunctionMode (``with torch.device(...)``) the caller has active; they come back after."""
     from torch._ops import _len_torch_dispatch_stack_pre_dispatch
-    with no_python_dispatcher() if _python_dispatcher_on() else contextlib.nullcontext():
-        if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
-                or _len_torch_dispatch_stack_pre_dispatch()):
-            yield  # none to leave
-            return
-        function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
-        try:
-            with _disable_current_modes():
-                yield
-        finally:
-            for mode in reversed(function_modes):
-                torch._C._push_on_torch_function_stack(mode)
+    if not (torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack()
+            or _len_torch_dispatch_stack_pre_dispatch()):
+        yield  # none to leave
+        return
+    function_modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        with _disable_current_modes():
+            yield
+    finally:
+        for mode in reversed(function_modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def without_callers_python_dispatcher():
+    """torch's python dispatcher off for a call whose caller left it on (AOTAutograd calls its
+    compilers so): every op would pay a python-level kernel lookup, and the kernels are those of a
+    call made anywhere else. A symbolic propagation turns it on where its kernels need it
+    (`fxprop.symbolic.dispatcher`)."""
+    return no_python_dispatcher() if _python_dispatcher_on() else contextlib.nullcontext()
 
 
 def _python_dispatcher_on() -> bool:

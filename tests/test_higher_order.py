@@ -668,7 +668,10 @@ def test_an_autocast_region_spelled_as_enter_and_exit_nodes_casts_the_nodes_betw
     assert (y.dtype, z.dtype, outside.dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
 
 
-def test_an_autocast_region_in_a_dynamo_graph_matches_dynamos_own_metadata():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_autocast_region_in_a_dynamo_graph_matches_dynamos_own_metadata(dynamic):
+    """Adversary finding (dynamic): autocast's casts ran outside any kernel's scope, where symbolic
+    sizes had no python dispatcher, and ``to(bfloat16)`` failed inside torch."""
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -685,15 +688,63 @@ def test_an_autocast_region_in_a_dynamo_graph_matches_dynamos_own_metadata():
         expected = {n: n.meta["example_value"] for n in gm.graph.nodes
                     if isinstance(n.meta.get("example_value"), torch.Tensor)}
         fxprop.propagate(gm, *example_inputs)
-        seen.append({n.name: (n.meta["val"].dtype, n.meta["val"].shape) == (value.dtype, value.shape)
+        seen.append({n.name: (n.meta["val"].dtype, str(n.meta["val"].shape)) == (value.dtype, str(value.shape))
                      for n, value in expected.items()})
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(M(), backend=backend, fullgraph=True)(torch.randn(2, 8))
+    out = torch.compile(M(), backend=backend, fullgraph=True, dynamic=dynamic)(torch.randn(2, 8))
     assert out[1].dtype == torch.bfloat16
     assert seen and all(seen[0].values()) and len(seen[0]) >= 4
     torch._dynamo.reset()
+
+
+def test_an_exported_autocast_block_with_symbolic_sizes_casts_as_torch_does():
+    """Adversary finding: a symbolic propagation turned torch's python dispatcher off in the body
+    of ``wrap_with_autocast``, where its casts need it."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch.matmul(self.lin(x), x.t())
+
+    program = torch.export.export(M(), (torch.randn(6, 8),), dynamic_shapes={"x": {0: torch.export.Dim("B")}})
+    out = fxprop.propagate(program, fxprop.TensorSpec(("B", 8)))
+    real = M()(torch.randn(6, 8))
+    assert out.dtype == real.dtype == torch.bfloat16
+    assert isinstance(out.shape[0], torch.SymInt) and str(out.shape[0]) == str(out.shape[1])
+
+
+def test_a_checkpoint_inside_an_autocast_block_of_a_dynamic_dynamo_graph():
+    """Adversary finding: the checkpointed body's casts failed with symbolic sizes."""
+    from torch.utils.checkpoint import checkpoint
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return checkpoint(lin, x, use_reentrant=False)
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        seen.append(_agreement_with_dynamo(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=backend, dynamic=True)(torch.randn(6, 8))
+    assert out.dtype == torch.bfloat16 and seen == [[]]
+    torch._dynamo.reset()
+
+
+def _agreement_with_dynamo(gm: torch.fx.GraphModule) -> list:
+    """Nodes whose value's dtype or sizes differ from dynamo's own example_value."""
+    return [node.name for node in gm.graph.nodes if isinstance(node.meta.get("example_value"), torch.Tensor)
+            and (node.meta["val"].dtype, str(node.meta["val"].shape))
+            != (node.meta["example_value"].dtype, str(node.meta["example_value"].shape))]
 
 
 def test_autocast_state_is_left_as_it_was_when_a_region_is_never_closed():

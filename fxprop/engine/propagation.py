@@ -101,8 +101,8 @@ def propagate(gm: torch.fx.GraphModule, *inputs: Any, param_device: torch.device
     with_dtensors = _holds_dtensors(gm, flat_inputs)
     while True:
         symbols = symbolic.SymbolicSession()
-        with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-                garbage_collection_paused():
+        with logical_default_device(), torch_compat.without_ambient_modes(), \
+                torch_compat.without_callers_python_dispatcher(), symbolic.scope(symbols), garbage_collection_paused():
             try:
                 output = _propagate_once(gm, options, symbols, with_dtensors, flat_inputs, placeholders)
             except DTensorMade:
@@ -158,8 +158,8 @@ def repropagate(gm: torch.fx.GraphModule, edited: Iterable[torch.fx.Node] = (), 
     # The annotations the walk starts from are its inputs: DTensors there take DTensor's way again.
     annotations = [node.meta.get("val") for node in gm.graph.nodes if node not in dirty]
     with_dtensors = _holds_dtensors(gm, annotations)
-    with logical_default_device(), torch_compat.without_ambient_modes(), symbolic.scope(symbols), \
-            garbage_collection_paused():
+    with logical_default_device(), torch_compat.without_ambient_modes(), \
+            torch_compat.without_callers_python_dispatcher(), symbolic.scope(symbols), garbage_collection_paused():
         propagation = Propagation(gm, options, symbols, with_dtensors)
         propagation.run(lambda: propagation.walk(gm, [], dirty=dirty))
     return dirty

@@ -209,7 +209,9 @@ class GraphWalk:
             symbols_before = self.propagation.symbols.symbol_count()
             around = self.propagation.around
             if around is not None and node.op != "call_module":
-                value, provenance = around(target, args, kwargs, lambda a, k: self.compute(node, Call(target, a, k)))
+                with symbolic.dispatcher(self.propagation.symbols):  # its casts run outside the node's kernels
+                    value, provenance = around(target, args, kwargs,
+                                               lambda a, k: self.compute(node, Call(target, a, k)))
             else:
                 value, provenance = self.compute(node, call)
             if hit is not None and not same_result(hit[0], value, call.tensors):
