@@ -699,6 +699,30 @@ def test_an_autocast_region_in_a_dynamo_graph_matches_dynamos_own_metadata(dynam
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_python_operators_on_tensors_are_autocast_in_a_dynamo_graph(dynamic):
+    """Adversary finding: ``x @ y`` (``operator.matmul``) was never asked of autocast, so it kept
+    float32 (and ``lin(x) @ x.t()`` refused bfloat16 against float32)."""
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x @ x.t(), lin(x) @ x.t()
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        fxprop.propagate(gm, *example_inputs)
+        seen.append(_agreement_with_dynamo(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=backend, dynamic=dynamic)(torch.randn(6, 8))
+    assert [value.dtype for value in out] == [value.dtype for value in f(torch.randn(6, 8))] == [torch.bfloat16] * 2
+    assert seen == [[]]
+    torch._dynamo.reset()
+
+
 def test_an_exported_autocast_block_with_symbolic_sizes_casts_as_torch_does():
     """Adversary finding: a symbolic propagation turned torch's python dispatcher off in the body
     of ``wrap_with_autocast``, where its casts need it."""

@@ -108,7 +108,7 @@ def _autocast_call(target: Any, args: tuple, kwargs: dict, compute: Callable) ->
     cast to the dtypes the FakeTensor run gave."""
     regions = {region.device_type: region for region in _autocast_regions()}
     active = {device: region for device, region in regions.items() if region.enabled}
-    if not active or not _autocast_may_cast(target, active):
+    if not active or not _autocast_may_cast(target, args, kwargs, active):
         return compute(args, kwargs)
     asked = _autocast_policy(target, args, kwargs, regions)
     if asked is None:
@@ -132,11 +132,14 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tag(tensor.to(dtype), device_of(tensor))
 
 
-def _autocast_may_cast(target: Any, active: dict) -> bool:
+def _autocast_may_cast(target: Any, args: tuple, kwargs: dict, active: dict) -> bool:
     """Whether autocast may change the call: an aten op with an autocast kernel for an active device,
-    or a composite whose parts may have one; torch-level functions and methods are asked."""
-    if isinstance(target, HigherOrderOperator) or is_python_operator(target):
+    or a composite whose parts may have one; torch-level functions and methods are asked, and so
+    are python's operators on tensors (``x @ y`` is ``matmul``'s)."""
+    if isinstance(target, HigherOrderOperator):
         return False
+    if is_python_operator(target):
+        return any(isinstance(value, torch.Tensor) for value in (*args, *kwargs.values()))
     if not isinstance(target, OpOverload):
         return True
     name = target.name()
