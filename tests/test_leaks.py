@@ -3,8 +3,10 @@
 RSS is read from /proc/self/statm (Linux). The bounds are generous: they catch a leak of a
 tensor, a FakeTensorMode or a cache entry per call (1,000 calls), not allocator noise.
 """
+import contextlib
 import gc
 import os
+import threading
 import time
 import warnings
 
@@ -146,9 +148,9 @@ def test_garbage_made_during_calls_that_free_as_much_as_they_make_is_collected()
 
 
 def test_the_collector_is_left_as_the_caller_set_it_during_a_propagation():
-    """Adversary finding: a propagation resumed the collector with ``gc.enable()``, undoing a
+    """Adversary findings: a propagation resumed the collector with ``gc.enable()``, undoing a
     ``gc.disable()`` made meanwhile (by another thread; ``timeit`` disables it around what it
-    times). Thresholds set meanwhile stay too."""
+    times). Thresholds set meanwhile stay too, a zero threshold (automatic passes off) included."""
     def disabling(done, total):
         if done == 1:
             gc.disable()
@@ -159,23 +161,22 @@ def test_the_collector_is_left_as_the_caller_set_it_during_a_propagation():
     finally:
         gc.enable()
     thresholds = gc.get_threshold()
+    for meanwhile in ((500, 5, 5), (0, 5, 5)):
+        def setting_thresholds(done, total, meanwhile=meanwhile):
+            if done == 1:
+                gc.set_threshold(*meanwhile)
 
-    def setting_thresholds(done, total):
-        if done == 1:
-            gc.set_threshold(500, 5, 5)
-
-    try:
-        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=setting_thresholds)
-        assert gc.get_threshold() == (500, 5, 5)
-    finally:
-        gc.set_threshold(*thresholds)
+        try:
+            fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=setting_thresholds)
+            assert gc.get_threshold() == meanwhile
+        finally:
+            gc.set_threshold(*thresholds)
 
 
-def test_the_collector_stays_paused_until_the_last_of_concurrent_propagations_returns():
-    """Adversary finding: the first of two propagations in flight resumed the collector as it
-    returned, and the other then ran with collections walking its values."""
-    import threading
-    thresholds = gc.get_threshold()
+@contextlib.contextmanager
+def _propagating_in_another_thread():
+    """A block run while another thread's propagation is in flight (waiting in its progress
+    callback); the block gets a function that lets that propagation return, and waits for it."""
     inside, release = threading.Event(), threading.Event()
 
     def waiting_inside(done, total):
@@ -186,23 +187,54 @@ def test_the_collector_stays_paused_until_the_last_of_concurrent_propagations_re
     other = threading.Thread(target=fxprop.propagate, args=(_chain(5), fxprop.TensorSpec((2, 3))),
                              kwargs={"cache": False, "progress": waiting_inside})
 
-    def starting_the_other(done, total):
-        if done == 1:
-            other.start()
-            assert inside.wait(60)
-
-    collections = []
-    counting = lambda phase, info: collections.append(info["generation"]) if phase == "start" else None  # noqa: E731
-    try:
-        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=starting_the_other)
-        gc.callbacks.append(counting)
-        for _ in range(20 * thresholds[0]):
-            _Cycle()
-        gc.callbacks.remove(counting)
-        assert collections == []  # the other call is still in flight
-    finally:
-        if counting in gc.callbacks:
-            gc.callbacks.remove(counting)
+    def letting_it_return():
         release.set()
         other.join(60)
+
+    other.start()
+    try:
+        assert inside.wait(60)
+        yield letting_it_return
+    finally:
+        letting_it_return()
+
+
+def test_the_call_that_paused_the_collector_resumes_it_while_other_calls_are_in_flight():
+    """Adversary finding: with the collector resumed only when no call was in flight, two threads
+    propagating back to back kept it paused for good, and garbage piled up without bound."""
+    thresholds = gc.get_threshold()
+    collections = []
+
+    def counting(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    with _propagating_in_another_thread() as letting_it_return:
+        def once_the_first_call_has_returned(done, total):
+            if done == 1:
+                letting_it_return()
+                gc.callbacks.append(counting)
+                try:
+                    for _ in range(20 * thresholds[0]):
+                        _Cycle()
+                finally:
+                    gc.callbacks.remove(counting)
+
+        fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False, progress=once_the_first_call_has_returned)
+    assert len(collections) >= 10  # automatic passes, while this call was still in flight
     assert gc.get_threshold() == thresholds and gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_while_a_call_is_in_flight_collects_garbage():
+    """Adversary finding: a child forked while another thread propagated (a DataLoader starting its
+    workers beside a compile thread) inherited the paused collector, and nothing there resumed it."""
+    thresholds = gc.get_threshold()
+    with _propagating_in_another_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork while a thread runs
+        assert gc.get_threshold()[0] == 0  # paused by the call in flight
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if gc.get_threshold() == thresholds else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

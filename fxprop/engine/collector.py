@@ -20,34 +20,46 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
+import os
 
-_lock = threading.Lock()
-_paused_calls = 0
-_thresholds: tuple = ()  # the collector's thresholds when the first call in progress paused it
+_paused_from: tuple | None = None  # the thresholds a call in flight paused the collector from
 
 
 @contextlib.contextmanager
 def garbage_collection_paused():
-    """The collector's automatic passes paused while any propagation runs (in any thread), and
-    resumed when the last one returns or fails.
+    """The collector's automatic passes paused for the call, and resumed (when this call paused
+    them) even when the call fails.
 
     Paused by a zero allocation threshold, not ``gc.disable()``: the enabled flag stays the
     caller's, so a thread that disables the collector meanwhile (``timeit`` does) finds it still
-    disabled afterwards. Thresholds someone sets meanwhile are kept too."""
-    global _paused_calls, _thresholds
-    with _lock:
-        if _paused_calls == 0:
-            _thresholds = gc.get_threshold()
-            gc.set_threshold(0, *_thresholds[1:])
-        _paused_calls += 1
+    disabled afterwards, and thresholds set meanwhile are kept (told from the pause by all three).
+    A call that starts while another has paused the collector leaves the resuming to that one:
+    calls that overlap one another, thread after thread, must not keep it paused for good."""
+    global _paused_from
+    thresholds = gc.get_threshold()
+    pausing = thresholds[0] != 0
+    paused = (0, *thresholds[1:])
     try:
+        if pausing:
+            gc.set_threshold(*paused)
+            _paused_from = thresholds
         yield
     finally:
-        with _lock:
-            _paused_calls -= 1
-            last = _paused_calls == 0
-            if last and gc.get_threshold()[0] == 0:
-                gc.set_threshold(*_thresholds)
-        if last and gc.isenabled():
+        if pausing and gc.get_threshold() == paused:
+            gc.set_threshold(*thresholds)
+            _paused_from = None
+        if gc.isenabled():
             gc.collect(0)
+
+
+def _resume_in_a_forked_child() -> None:
+    """A process forked while a call had the collector paused: the call does not run in the child
+    (fork copies only the forking thread), so nothing there would resume it."""
+    global _paused_from
+    if _paused_from is not None and gc.get_threshold() == (0, *_paused_from[1:]):
+        gc.set_threshold(*_paused_from)
+    _paused_from = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_resume_in_a_forked_child)
