@@ -238,3 +238,39 @@ def test_a_process_forked_while_a_call_is_in_flight_collects_garbage():
             os._exit(0 if gc.get_threshold() == thresholds else 1)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_thresholds_set_while_calls_overlap_are_kept():
+    """Adversary finding: a call that paused the collector resumed it from the thresholds it had
+    seen, over thresholds another thread set while calls overlapped."""
+    thresholds = gc.get_threshold()
+    try:
+        with _propagating_in_another_thread() as letting_it_return:
+            gc.set_threshold(500, *thresholds[1:])
+
+            def once_the_first_call_has_returned(done, total):
+                if done == 1:
+                    letting_it_return()
+
+            fxprop.propagate(_chain(5), fxprop.TensorSpec((2, 3)), cache=False,
+                             progress=once_the_first_call_has_returned)
+        assert gc.get_threshold() == (500, *thresholds[1:])
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+def test_garbage_that_outlives_a_young_pass_is_collected_while_calls_run_back_to_back():
+    """Adversary finding: calls made back to back (a thread propagating in a loop) kept the
+    collector's automatic passes from ever running, and each call ended with a young pass only:
+    cycles that survived one and died later were never freed (2.3 GB in 20 s)."""
+    import weakref
+    gm = _chain(5)
+    held = [_Cycle() for _ in range(200)]
+    alive = [weakref.ref(cycle) for cycle in held]
+    fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+    gc.collect(1)  # now in the oldest generation
+    del held
+    deadline = time.monotonic() + 60  # an oldest-generation pass waits for ten times its last duration
+    while any(ref() is not None for ref in alive) and time.monotonic() < deadline:
+        fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
+    assert not any(ref() is not None for ref in alive)

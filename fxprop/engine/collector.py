@@ -21,8 +21,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 
-_paused_from: tuple | None = None  # the thresholds a call in flight paused the collector from
+_paused_from: tuple | None = None  # the thresholds the latest pausing call paused the collector from
+_OLDEST_PASS_SHARE = 10  # an oldest-generation pass at most once per this many times its own duration
+_last_oldest_pass = (0.0, 0.0)  # (when it started, how long it took), time.monotonic()
 
 
 @contextlib.contextmanager
@@ -32,24 +35,45 @@ def garbage_collection_paused():
 
     Paused by a zero allocation threshold, not ``gc.disable()``: the enabled flag stays the
     caller's, so a thread that disables the collector meanwhile (``timeit`` does) finds it still
-    disabled afterwards, and thresholds set meanwhile are kept (told from the pause by all three).
-    A call that starts while another has paused the collector leaves the resuming to that one:
-    calls that overlap one another, thread after thread, must not keep it paused for good."""
+    disabled afterwards, and thresholds set meanwhile are kept. A call that starts while the
+    collector is paused leaves the resuming to the call that paused it; a call that pauses it
+    after thresholds changed meanwhile takes the resuming over. Each call ends with the pass the
+    collector would have made by then (`_pass_due`)."""
     global _paused_from
     thresholds = gc.get_threshold()
     pausing = thresholds[0] != 0
     paused = (0, *thresholds[1:])
     try:
         if pausing:
+            _paused_from = thresholds  # before the pause: a child forked in between resumes it
             gc.set_threshold(*paused)
-            _paused_from = thresholds
         yield
     finally:
-        if pausing and gc.get_threshold() == paused:
-            gc.set_threshold(*thresholds)
+        if pausing and _paused_from is thresholds:
+            if gc.get_threshold() == paused:
+                gc.set_threshold(*thresholds)
             _paused_from = None
         if gc.isenabled():
-            gc.collect(0)
+            _pass_due()
+
+
+def _pass_due() -> None:
+    """The collector's pass at the end of a call, in the generation its counts make due. Calls made
+    back to back keep its automatic passes from ever running, so without the older generations'
+    passes what survived one young pass and died later would never be freed, however much of it
+    there is. The oldest generation's pass walks every object of the process: it is made at most
+    once per `_OLDEST_PASS_SHARE` times its last duration."""
+    global _last_oldest_pass
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    started, took = _last_oldest_pass
+    now = time.monotonic()
+    if counts[2] > thresholds[2] and now - started >= _OLDEST_PASS_SHARE * took:
+        gc.collect(2)
+        _last_oldest_pass = (now, time.monotonic() - now)
+    elif counts[1] > thresholds[1]:
+        gc.collect(1)
+    else:
+        gc.collect(0)
 
 
 def _resume_in_a_forked_child() -> None:
