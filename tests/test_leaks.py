@@ -270,7 +270,7 @@ def test_garbage_that_outlives_a_young_pass_is_collected_while_calls_run_back_to
     fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
     gc.collect(1)  # now in the oldest generation
     del held
-    deadline = time.monotonic() + 60  # an oldest-generation pass waits for ten times its last duration
+    deadline = time.monotonic() + 60  # a forced oldest-generation pass waits for thirty times its last duration
     while any(ref() is not None for ref in alive) and time.monotonic() < deadline:
         fxprop.propagate(gm, fxprop.TensorSpec((2, 3)), cache=False)
     assert not any(ref() is not None for ref in alive)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 import time
 
+_lock = threading.RLock()  # reentrant: a finalizer run by a pass may itself propagate
 _paused_from: tuple | None = None  # the thresholds the latest pausing call paused the collector from
-_OLDEST_PASS_SHARE = 10  # an oldest-generation pass at most once per this many times its own duration
+_OLDEST_PASS_SHARE = 30  # a forced oldest-generation pass at most once per this many times its own duration
 _last_oldest_pass = (0.0, 0.0)  # (when it started, how long it took), time.monotonic()
 
 
@@ -40,31 +42,38 @@ def garbage_collection_paused():
     after thresholds changed meanwhile takes the resuming over. Each call ends with the pass the
     collector would have made by then (`_pass_due`)."""
     global _paused_from
-    thresholds = gc.get_threshold()
-    pausing = thresholds[0] != 0
-    paused = (0, *thresholds[1:])
+    thresholds, pausing = None, False
     try:
-        if pausing:
-            _paused_from = thresholds  # before the pause: a child forked in between resumes it
-            gc.set_threshold(*paused)
+        with _lock:
+            thresholds = gc.get_threshold()
+            pausing = thresholds[0] != 0
+            if pausing:
+                _paused_from = thresholds  # before the pause: a child forked in between resumes it
+                gc.set_threshold(0, *thresholds[1:])
         yield
     finally:
-        if pausing and _paused_from is thresholds:
-            if gc.get_threshold() == paused:
-                gc.set_threshold(*thresholds)
-            _paused_from = None
+        with _lock:
+            if pausing and _paused_from is thresholds:
+                if gc.get_threshold() == (0, *thresholds[1:]):
+                    gc.set_threshold(*thresholds)
+                _paused_from = None
         if gc.isenabled():
             _pass_due()
 
 
 def _pass_due() -> None:
-    """The collector's pass at the end of a call, in the generation its counts make due. Calls made
-    back to back keep its automatic passes from ever running, so without the older generations'
-    passes what survived one young pass and died later would never be freed, however much of it
-    there is. The oldest generation's pass walks every object of the process: it is made at most
-    once per `_OLDEST_PASS_SHARE` times its last duration."""
+    """The collector's pass at the end of a call. Where its allocation count is over the threshold,
+    the next allocation makes the automatic pass, whose generation the collector chooses (it
+    spares a large long-lived heap its full passes). Otherwise the pass its counts make due is
+    asked for: calls made back to back that free what they make keep the automatic passes from
+    ever running, and what outlived one young pass and died later would never be freed. A forced
+    oldest-generation pass walks every object of the process: at most once per
+    `_OLDEST_PASS_SHARE` times its last duration."""
     global _last_oldest_pass
     counts, thresholds = gc.get_count(), gc.get_threshold()
+    if thresholds[0] and counts[0] > thresholds[0]:
+        [].append(None)  # an allocation: the collector's own pass runs
+        return
     started, took = _last_oldest_pass
     now = time.monotonic()
     if counts[2] > thresholds[2] and now - started >= _OLDEST_PASS_SHARE * took:
