@@ -709,18 +709,9 @@ def test_python_operators_on_tensors_are_autocast_in_a_dynamo_graph(dynamic):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return x @ x.t(), lin(x) @ x.t()
 
-    seen = []
-
-    def backend(gm, example_inputs):
-        fxprop.propagate(gm, *example_inputs)
-        seen.append(_agreement_with_dynamo(gm))
-        return gm.forward
-
-    torch._dynamo.reset()
-    out = torch.compile(f, backend=backend, dynamic=dynamic)(torch.randn(6, 8))
+    out, disagreements = _compiled_with_fxprop(f, torch.randn(6, 8), dynamic=dynamic)
     assert [value.dtype for value in out] == [value.dtype for value in f(torch.randn(6, 8))] == [torch.bfloat16] * 2
-    assert seen == [[]]
-    torch._dynamo.reset()
+    assert disagreements == [[]]
 
 
 def test_an_exported_autocast_block_with_symbolic_sizes_casts_as_torch_does():
@@ -751,17 +742,25 @@ def test_a_checkpoint_inside_an_autocast_block_of_a_dynamic_dynamo_graph():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return checkpoint(lin, x, use_reentrant=False)
 
-    seen = []
+    out, disagreements = _compiled_with_fxprop(f, torch.randn(6, 8), dynamic=True)
+    assert out.dtype == torch.bfloat16 and disagreements == [[]]
+
+
+def _compiled_with_fxprop(f, *inputs, dynamic: bool) -> tuple:
+    """``f(*inputs)`` compiled by a backend that propagates each of dynamo's graphs, and for each
+    graph the nodes where fxprop disagrees with dynamo (`_agreement_with_dynamo`)."""
+    disagreements = []
 
     def backend(gm, example_inputs):
         fxprop.propagate(gm, *example_inputs)
-        seen.append(_agreement_with_dynamo(gm))
+        disagreements.append(_agreement_with_dynamo(gm))
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(f, backend=backend, dynamic=True)(torch.randn(6, 8))
-    assert out.dtype == torch.bfloat16 and seen == [[]]
-    torch._dynamo.reset()
+    try:
+        return torch.compile(f, backend=backend, dynamic=dynamic)(*inputs), disagreements
+    finally:
+        torch._dynamo.reset()
 
 
 def _agreement_with_dynamo(gm: torch.fx.GraphModule) -> list:
