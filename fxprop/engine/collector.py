@@ -2,13 +2,12 @@
 
 A propagation makes many objects and keeps nearly all of them (node values, the cache's
 entries). While it runs, the collector's passes would walk every live object again and again,
-so time per node would grow with the graph: it is paused for the call. On resuming, the
-collector walks what the call made, once, in its youngest generation, and frees what died
-meanwhile (a value a node held before, garbage a callback made). It is asked to: left to its
-allocation count, it may never come, since a call frees most of what it made before it returns
-(a graph propagated again frees its earlier values), which can leave the count under the
-collector's threshold call after call, and the garbage waits for allocations the caller may
-never make.
+so time per node would grow with the graph: it is paused for the call. As the call ends, the
+collector makes a pass (`_pass_due`) and frees what died meanwhile (a value a node held before,
+garbage a callback made). Where its allocation count is under the threshold the pass is asked
+for: a call frees most of what it made before it returns (a graph propagated again frees its
+earlier values), which can leave the count under the threshold call after call, and the garbage
+would wait for allocations the caller may never make.
 
 Handing what a call made to the oldest generation unwalked (``gc.freeze()`` then
 ``gc.unfreeze()``) saved Llama-800 65–220 ms a call and was reverted: the garbage went with
