@@ -22,14 +22,15 @@ def fresh(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def annotations(gm: torch.fx.GraphModule) -> list:
-    """Every node's annotation, storages named by the order they are first met."""
+    """Every node's annotation, storages named by the order they are first met, with their sizes."""
     storages: dict[int, int] = {}
 
     def described(value):
         if isinstance(value, torch.Tensor):
             storage = storages.setdefault(value.untyped_storage()._cdata, len(storages))
             return ("tensor", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
-                    value.requires_grad, value.is_conj(), value.is_neg(), storage)
+                    value.requires_grad, value.is_conj(), value.is_neg(), storage, value.untyped_storage().nbytes(),
+                    value.untyped_storage().resizable())
         if isinstance(value, (tuple, list)):
             return (type(value), tuple(described(item) for item in value))
         if isinstance(value, dict):
@@ -98,6 +99,9 @@ GRAPHS = {
                                     (torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),)),
     "export of a linear": lambda: (torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)).module(),
                                    (torch.randn(3, 4),)),
+    # storages shared by several values, first met filled by a result or at an offset by an input
+    "an input viewed at an offset": lambda: (torch.fx.symbolic_trace(lambda x: (x.t(), (x + 1).view(-1)[2:], x[1:])),
+                                             (torch.randn(30)[6:].view(4, 6),)),
 }
 
 

@@ -248,6 +248,26 @@ def test_the_fake_mode_built_without_dynamo_is_the_one_torch_builds():
     assert type(ours.fake_tensor_converter) is type(torchs.fake_tensor_converter)
 
 
+def test_the_fake_tensors_fxprop_builds_are_the_ones_torch_builds():
+    """`FakeTensorFactory` builds a mode's later FakeTensors from the state its constructor set on
+    the first: a torch upgrade that sets more (or sets it elsewhere) shows here."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from fxprop.engine.metadata import FakeTensorFactory
+    from fxprop import torch_compat
+    mode = torch_compat.fake_mode_without_dynamo()
+    factory = FakeTensorFactory(mode)
+    factory(torch.empty(2, device="meta"), torch.device("cpu"))
+    cuda = torch.device("cuda", 1)
+    ours = factory.from_snapshot(torch.empty(2, 3, device="meta"), cuda, True)
+    torchs = FakeTensor(mode, torch.empty(2, 3, device="meta"), cuda, requires_grad=True)
+    assert sorted(vars(ours)) == sorted(vars(torchs))
+    for name, value in vars(torchs).items():
+        assert vars(ours)[name] is value or vars(ours)[name] == value, name
+    assert (ours.device, ours.requires_grad, ours.fake_mode) == (cuda, True, mode)
+    assert torch.Tensor._make_subclass(FakeTensor, torch.empty(1, device="meta")).__dict__ == {}  # nothing to keep
+
+
 def test_a_first_propagate_in_a_fresh_process_does_not_import_dynamo():
     """Without torch.compile or torch.export in the process, propagating imports no torch._dynamo
     (0.4 s and 45 MB on a cold start): the values' FakeTensorMode is built without it, and

@@ -42,10 +42,10 @@ class FakeTensorFactory:
             return fake
         fake = make_subclass(FakeTensor, meta, requires_grad, dispatch_device=True, device_for_backend_keys=device)
         set_throw_on_mutable_data_ptr(fake)
-        fake.__dict__.update(self._state)
         if "_fake_device" in self._state:
-            fake.__dict__["_fake_device"] = device  # already normalized by fxprop.devices
+            fake.__dict__ = {**self._state, "_fake_device": device}  # already normalized by fxprop.devices
         else:
+            fake.__dict__ = dict(self._state)
             fake.fake_device = device
         return fake
 

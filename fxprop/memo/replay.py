@@ -36,6 +36,7 @@ from ..torch_compat import (any_autocast_enabled, export_guards_code, functorch_
 from .cache import _Key
 from .signatures import Uncacheable, signature, values_signature
 from .purity import replayable_target
+from ..engine.inputs import values_worth_knowing
 
 # What a replayed value may hold besides tensors and containers: values nobody can change in place.
 _IMMUTABLE = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format,
@@ -44,7 +45,9 @@ _PLAIN_ARGUMENTS = frozenset({int, bool, str, type(None), torch.dtype, torch.dev
                               torch.layout, type(Ellipsis)})
 
 
-_replayable_targets: set = set()  # (op, target) pairs `replayable_target` accepted: torch's own, as long-lived as torch
+# call_function targets `replayable_target` accepted, by id: torch's own, as long-lived as torch. A key
+# names them by id, which spares hashing them (an OpOverload hashes in Python) twice a node.
+_replayable_functions: dict[int, Any] = {}
 
 
 class _Unreplayable(Exception):
@@ -76,25 +79,30 @@ def graph_call(gm: torch.fx.GraphModule, inputs: list, state: Any, known: Any, c
             signer.input(value, out)
         positions = signer.positions
         append = out.append
-        replayable = _replayable_targets
+        functions = _replayable_functions
         for node in gm.graph.nodes:
             positions[node] = len(nodes)
             nodes.append(node)
             op = node.op
             target = node.target
             append(op)
-            append(target)
-            if op == "call_function" or op == "call_method":
-                if (op, target) not in replayable:
+            if op == "call_function":
+                if functions.get(id(target)) is not target:
                     if not replayable_target(op, target):
                         return None
-                    replayable.add((op, target))
-            elif op == "call_module":
-                signer.module(gm, str(node.target), out)
-            elif op == "get_attr":
-                signer.attribute(gm, str(node.target), out)
-            elif op not in ("placeholder", "output"):
-                return None
+                    functions[id(target)] = target
+                append(id(target))  # kept in `functions` for good, so no other object takes its id
+            else:
+                append(target)
+                if op == "call_method":
+                    if not replayable_target(op, target):
+                        return None
+                elif op == "call_module":
+                    signer.module(gm, str(node.target), out)
+                elif op == "get_attr":
+                    signer.attribute(gm, str(node.target), out)
+                elif op not in ("placeholder", "output"):
+                    return None
             arguments = node.args
             append(len(arguments))
             for argument in arguments:
@@ -188,7 +196,6 @@ class _Signer:
         parameters, buffers, _ = own_state(module)
         owner = parameters[name] if name in parameters else buffers[name] if name in buffers else getattr(module, name)
         if isinstance(owner, torch.Tensor):
-            from ..engine.inputs import values_worth_knowing
             if type(owner) not in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer):
                 raise _Unreplayable
             values = values_signature(owner) if values_worth_knowing(owner) else None
@@ -296,7 +303,8 @@ class TensorRecord(NamedTuple):
     neg: bool
     storage: int        # which of the graph's storages, by the order they were first met
     storage_bytes: int  # its size at the walk's end (a later node may have resized it)
-    alone: bool         # no other value shares the storage, which it fills from its start
+    fills: bool         # it fills the storage from its start, no conj/neg bit: an empty_strided makes both
+    alone: bool         # it fills the storage and no other value shares it
 
 
 def kept(recordings: tuple) -> tuple:
@@ -322,10 +330,10 @@ def kept(recordings: tuple) -> tuple:
             storage_bytes = snapshot.untyped_storage().nbytes()
             shape, stride, offset = tuple(snapshot.shape), snapshot.stride(), snapshot.storage_offset()
             conj, neg = snapshot.is_conj(), snapshot.is_neg()
-            alone = (users[index] == 1 and not (offset or conj or neg)
-                     and _extent(shape, stride) * snapshot.element_size() == storage_bytes)
+            fills = not (offset or conj or neg) and _extent(shape, stride) * snapshot.element_size() == storage_bytes
             return _new_tuple(TensorRecord, (shape, stride, offset, snapshot.dtype, described.device,
-                                             described.requires_grad, conj, neg, index, storage_bytes, alone))
+                                             described.requires_grad, conj, neg, index, storage_bytes, fills,
+                                             fills and users[index] == 1))
         if type(described) is _Container:
             return _Container(described.kind, tuple(recorded(part) for part in described.parts), described.keys)
         return described
@@ -350,6 +358,10 @@ def _fresh(record: TensorRecord, storages: dict) -> torch.Tensor:
         return empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
     storage = storages.get(record.storage)
     if storage is None:
+        if record.fills:  # the storage's first value: one call makes both
+            fresh = empty_strided(record.shape, record.stride, dtype=record.dtype, device="meta")
+            storages[record.storage] = fresh.untyped_storage()
+            return fresh
         storage = storages[record.storage] = torch.UntypedStorage(record.storage_bytes, device="meta")
     fresh = torch.empty((0,), dtype=record.dtype, device="meta").set_(storage, record.offset, record.shape,
                                                                       record.stride)
