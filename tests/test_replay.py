@@ -276,6 +276,39 @@ def test_user_code_is_never_replayed():
     assert replays(cache) == 0 and len(_CALLS) == 2
 
 
+
+def test_methods_bound_to_a_module_are_walked_and_kept_by_nothing():
+    """A torch module's bound ``forward`` as a call_function target computes from the module's
+    state (and the user's code a Sequential holds), which no key holds: every call walks it, and
+    no cache keeps the module alive."""
+    import gc
+    import weakref
+    width = [4]
+
+    class UserWidth(torch.nn.Module):
+        def forward(self, x):
+            return x.new_empty(x.shape[0], width[0])
+
+    held = torch.nn.Sequential(UserWidth())
+    linear = torch.nn.Linear(3, 4)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(held.forward, (x,)), graph.call_function(linear.forward, (x,))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    cache = fxprop.RuleCache()
+    for _ in range(3):
+        fxprop.propagate(fresh(gm), TensorSpec((2, 3)), cache=cache)
+    width[0] = 7
+    linear.weight, linear.bias = torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(5))
+    out = fxprop.propagate(fresh(gm), TensorSpec((2, 3)), cache=cache)
+    real = torch.fx.Interpreter(gm).run(torch.randn(2, 3))  # fx's codegen cannot name a bound method
+    assert [tuple(value.shape) for value in out] == [tuple(value.shape) for value in real] == [(2, 7), (2, 5)]
+    assert replays(cache) == 0
+    alive = weakref.ref(linear)
+    del gm, graph, x, linear, out, real
+    gc.collect()
+    assert alive() is None
+
 def test_a_failed_propagation_is_not_kept():
     gm = torch.fx.symbolic_trace(lambda x, y: x @ y)
     cache = fxprop.RuleCache()
@@ -551,6 +584,29 @@ def test_a_storage_shrunk_after_its_views_stays_shrunk():
     nbytes = [[t.untyped_storage().nbytes() for t in next(iter(reversed(g.graph.nodes))).meta["val"]]
               for g in (walked, replayed)]
     assert nbytes == [[0, 0], [0, 0]]
+
+
+def test_an_op_named_in_place_is_never_a_cache_hit():
+    """``inductor::resize_storage_bytes_``'s schema does not mark its input as written: a hit would
+    skip the resize, and the storage a later grow left would stay grown."""
+    import torch._inductor  # noqa: F401  (registers torch.ops.inductor)
+
+    def build(graph, negated=False):
+        x = graph.placeholder("x")
+        doubled = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+        grown = graph.call_function(torch.ops.aten.resize_.default, (doubled, [8]))
+        graph.call_function(torch.ops.inductor.resize_storage_bytes_, (doubled, 16))
+        if negated:
+            graph.call_function(torch.ops.aten.neg.default, (x,))
+        graph.output((doubled, grown))
+
+    real = fresh(_graph(build))(torch.ones(4))
+    assert [t.untyped_storage().nbytes() for t in real] == [16, 16]
+    cache = fxprop.RuleCache()
+    for gm in (_graph(build), _graph(build), _graph(lambda graph: build(graph, negated=True))):
+        out = fxprop.propagate(gm, TensorSpec((4,)), cache=cache)  # a replay, then another graph's walk
+        assert [t.untyped_storage().nbytes() for t in out] == [16, 16]
+    assert replays(cache) == 1 and cache.stats()["hits"] >= 1
 
 
 def test_a_pass_editing_a_kept_walks_tensor_meta_changes_no_replay():

@@ -9,6 +9,7 @@ must not be handed a memoized result that requires grad, which has no autograd h
 from __future__ import annotations
 
 import operator
+import types
 from typing import Any
 
 import torch
@@ -201,16 +202,35 @@ def reads_process_state(node: torch.fx.Node, value: Any) -> bool:
 
 def _is_torch_target(target: Any) -> bool:
     return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
-        (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
+        not _bound_to_an_object(target) and (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
+
+
+def _bound_to_an_object(target: Any) -> bool:
+    """A method bound to an object (``linear.forward``, ``tensor.add``): what it computes depends on the
+    object's state (a module's parameters, the user's code it holds), which no key holds."""
+    if not isinstance(target, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)):
+        return False  # an OpOverloadPacket's __self__ is its C++ function's record, say
+    owner = target.__self__
+    return owner is not None and not isinstance(owner, (type, types.ModuleType))
+
+
+def _named_in_place(name: str) -> bool:
+    """torch's naming of an in-place op (``resize_``), which a schema may not annotate as mutating
+    (``inductor::resize_storage_bytes_(Tensor variable, SymInt new_size) -> ()``); ``__and__`` is not one."""
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _judge_purity(op: str, target: Any) -> bool:
+    if _bound_to_an_object(target):
+        return False
     if op == "call_method":
         return isinstance(target, str) and not target.endswith("_") and target not in _IMPURE_METHODS
     if isinstance(target, OpOverload):
-        return not schema_of(target).is_mutable and torch.Tag.nondeterministic_bitwise not in target.tags
+        return (not schema_of(target).is_mutable and not _named_in_place(schema_of(target).name)
+                and torch.Tag.nondeterministic_bitwise not in target.tags)
     if isinstance(target, OpOverloadPacket):
-        return not any(schema_of(getattr(target, o)).is_mutable for o in target.overloads())
+        return not any(schema_of(getattr(target, o)).is_mutable or _named_in_place(schema_of(getattr(target, o)).name)
+                       for o in target.overloads())
     if target in _IMPURE_CALLS:
         return False
     module = getattr(target, "__module__", None) or ""
