@@ -202,15 +202,15 @@ def reads_process_state(node: torch.fx.Node, value: Any) -> bool:
 
 def _is_torch_target(target: Any) -> bool:
     return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
-        not _bound_to_an_object(target) and (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
+        not bound_to_an_object(target) and (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
 
 
-def _bound_to_an_object(target: Any) -> bool:
+def bound_to_an_object(target: Any) -> bool:
     """A method bound to an object (``linear.forward``, ``tensor.add``): what it computes depends on the
-    object's state (a module's parameters, the user's code it holds), which no key holds."""
-    if not isinstance(target, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)):
-        return False  # an OpOverloadPacket's __self__ is its C++ function's record, say
-    owner = target.__self__
+    object's state (a module's parameters, the user's code it holds), which no key holds, and a table
+    that keeps it keeps the object alive. Ask it of anything but an op: an OpOverloadPacket's
+    ``__self__`` is its C++ function's record."""
+    owner = getattr(target, "__self__", None)
     return owner is not None and not isinstance(owner, (type, types.ModuleType))
 
 
@@ -221,8 +221,6 @@ def _named_in_place(name: str) -> bool:
 
 
 def _judge_purity(op: str, target: Any) -> bool:
-    if _bound_to_an_object(target):
-        return False
     if op == "call_method":
         return isinstance(target, str) and not target.endswith("_") and target not in _IMPURE_METHODS
     if isinstance(target, OpOverload):
@@ -231,7 +229,7 @@ def _judge_purity(op: str, target: Any) -> bool:
     if isinstance(target, OpOverloadPacket):
         return not any(schema_of(getattr(target, o)).is_mutable or _named_in_place(schema_of(getattr(target, o)).name)
                        for o in target.overloads())
-    if target in _IMPURE_CALLS:
+    if target in _IMPURE_CALLS or bound_to_an_object(target):
         return False
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__name__", "") or ""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 
 import threading
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from ..engine import session as context
+from ..memo.purity import bound_to_an_object
 from . import registry
 from .. import symbolic
 from ..devices import TRANSFERS, Placement, place
@@ -132,9 +132,8 @@ def _lives_as_long_as_torch(key: Any) -> bool:
     functions, python's operators and builtins."""
     if isinstance(key, (str, OpOverload, OpOverloadPacket, HigherOrderOperator)):
         return True
-    owner = getattr(key, "__self__", None)
-    if owner is not None and not isinstance(owner, (type, types.ModuleType)):
-        return False  # a method bound to some object
+    if bound_to_an_object(key):
+        return False
     module = getattr(key, "__module__", None) or ""
     return module.split(".")[0] in ("torch", "operator", "_operator", "math", "builtins")
 
