@@ -669,3 +669,82 @@ def test_graphs_returning_lists_and_dicts_are_replayed():
     assert replays(cache) == 1
     assert annotations(replayed) == annotations(walked)
     assert type(out) is dict and type(out["a"]) is list and out["a"][1].shape == (3, 2)
+
+
+def test_a_callable_object_is_not_torchs_own_by_its_class_module():
+    """``operator.methodcaller`` takes ``__module__`` from its class: ``methodcaller("resize_", ...)``
+    writes its input, ``methodcaller("add", t)`` holds a tensor no key holds, ``attrgetter("_version")``
+    reads a tensor's history. None is memoized or replayed; each call is walked."""
+    import operator
+    held = torch.zeros(4)
+    grow, add_held = operator.methodcaller("resize_", [8]), operator.methodcaller("add", held)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        doubled = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2))
+        graph.create_node("call_function", grow, (doubled,), name="grow")
+        graph.output((doubled, graph.create_node("call_function", add_held, (x,), name="added")))
+
+    def lazy_graph():  # fx's codegen cannot name a methodcaller, so the graph is never compiled
+        graph = torch.fx.Graph()
+        build(graph)
+        return _LazyGraphModule(torch.nn.Module(), graph)
+
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    cache = fxprop.RuleCache()
+    for _ in range(3):
+        out = fxprop.propagate(lazy_graph(), TensorSpec((4,)), cache=cache)
+        assert [tuple(value.shape) for value in out] == [(8,), (4,)]
+    held.resize_(3, 4)
+    out = fxprop.propagate(lazy_graph(), TensorSpec((4,)), cache=cache)
+    real = torch.fx.Interpreter(lazy_graph()).run(torch.ones(4))
+    assert [tuple(value.shape) for value in out] == [tuple(value.shape) for value in real] == [(8,), (3, 4)]
+    assert replays(cache) == 0
+
+
+def test_tensor_methods_with_effects_as_call_function_targets_are_walked():
+    """``torch.Tensor.backward`` (a python function in ``torch._tensor``) as a call_function target
+    sets its leaves' grads: a hit or a replay that skipped it would leave ``grad`` None."""
+    def build(graph):
+        x = graph.placeholder("x")
+        total = graph.call_function(torch.ops.aten.sum.default, (graph.call_function(torch.mul, (x, x)),))
+        graph.call_function(torch.Tensor.backward, (total,))
+        graph.output((graph.call_function(getattr, (x, "grad")),))
+
+    cache = fxprop.RuleCache()
+    for _ in range(3):
+        out = fxprop.propagate(_graph(build), TensorSpec((3,), requires_grad=True), cache=cache)
+        assert isinstance(out[0], torch.Tensor) and tuple(out[0].shape) == (3,)
+    assert replays(cache) == 0
+    assert fxprop.memo.purity.may_differentiate(_graph(build))
+
+
+def test_a_classmethod_of_a_users_subclass_is_kept_by_no_table():
+    """A classmethod bound to a user's class (``MyTensor.__torch_function__``, a Function's ``apply``)
+    is the user's code: no purity, replay or rule table keeps the class alive."""
+    import gc
+    import weakref
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    def build(graph):
+        x = graph.placeholder("x")
+        graph.output((graph.call_function(Doubled.apply, (x,)),))
+
+    cache = fxprop.RuleCache()
+    for _ in range(2):
+        out = fxprop.propagate(_graph(build), TensorSpec((3,)), cache=cache)
+        assert tuple(out[0].shape) == (3,)
+    alive = weakref.ref(Doubled)
+    del Doubled, build
+    cache.clear()
+    fxprop.rule_cache.clear()
+    gc.collect()
+    assert alive() is None

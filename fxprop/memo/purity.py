@@ -15,16 +15,23 @@ from typing import Any
 import torch
 import torch.fx
 
-from ..torch_compat import (OpOverload, OpOverloadPacket, dual_level_ops, pytree, schema_of, set_fwd_grad_enabled_op,
-                            set_grad_enabled_op)
+from ..torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, dual_level_ops, pytree, schema_of,
+                            set_fwd_grad_enabled_op, set_grad_enabled_op)
 
 _IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
                                   "ipow", "irshift", "isub", "itruediv", "ixor"})
 _TORCH_MODULES = ("torch", "_operator", "operator", "math", "builtins")
-_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
-                           getattr(torch, "_assert_async", print)})
 _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_hook", "retain_grad", "requires_grad_",
                              "data_ptr", "untyped_storage", "storage"})
+# The same methods taken from the class, as a call_function target (``torch.Tensor.backward``).
+_IMPURE_TENSOR_METHODS = frozenset(getattr(torch.Tensor, name) for name in _IMPURE_METHODS)
+_IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
+                           getattr(torch, "_assert_async", print), *_IMPURE_TENSOR_METHODS})
+# What torch's own targets are: ops, and functions, builtins, method descriptors and classes whose
+# module is torch's or python's. A callable object (``operator.methodcaller("resize_", ...)``) takes
+# its class's module, whatever it calls and holds.
+_PLAIN_CALLABLES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.MethodDescriptorType,
+                    types.WrapperDescriptorType, types.ClassMethodDescriptorType, type)
 _SETTERS = ("set_", "_set_", "use_")
 # What a tensor's signature holds (`fxprop.memo.signatures`), or views of it; a tensor's other
 # attributes (``_version``, ``grad``, ``grad_fn``, ``_base``, ``data``) are its history or state.
@@ -51,6 +58,8 @@ def may_differentiate(gm: torch.fx.GraphModule) -> bool:
             continue
         graph = module.graph
         if graph.find_nodes(op="call_method", target="backward", sort=False):
+            return True
+        if graph.find_nodes(op="call_function", target=torch.Tensor.backward, sort=False):
             return True
         if any(node.op == "call_function" and _may_reach_autograd(node.target) for node in graph.nodes):
             return True
@@ -83,7 +92,7 @@ def _may_reach_autograd(target: Any) -> bool:
         return _reaching_autograd[target]
     except (KeyError, TypeError):
         pass
-    if not _is_torch_target(target):
+    if not owned_by_torch(target):
         return True
     module = getattr(target, "__module__", None) or ""
     reaches = _within(module, _AUTOGRAD_PACKAGES)
@@ -108,7 +117,7 @@ def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
         return _purity[key]
     except KeyError:
         pure = _judge_purity(op, target)
-        if pure or _is_torch_target(target):
+        if pure or owned_by_torch(target):
             _purity[key] = pure
         return pure
     except TypeError:
@@ -143,7 +152,7 @@ def replayable_target(op: str, target: Any) -> bool:
     else:
         module = getattr(target, "__module__", None) or ""
         name = getattr(target, "__name__", "") or ""
-        replayable = (_is_torch_target(target) and target not in _EFFECTS_OUTSIDE
+        replayable = (owned_by_torch(target) and target not in _EFFECTS_OUTSIDE and target not in _IMPURE_TENSOR_METHODS
                       and not _within(module, _STATEFUL_PACKAGES)
                       and (not name.startswith(_SETTERS) or target in _SETTINGS_PUT_BACK))
     if replayable:
@@ -166,13 +175,13 @@ def returns_several_views(op: str, target: Any) -> bool:
         overloads = [target]
     else:
         name = target if op == "call_method" and isinstance(target, str) else (
-            getattr(target, "__name__", None) if callable(target) and _is_torch_target(target) else None)
+            getattr(target, "__name__", None) if callable(target) and owned_by_torch(target) else None)
         packet = getattr(torch.ops.aten, name, None) if isinstance(name, str) else None
         overloads = [getattr(packet, o) for o in packet.overloads()] if isinstance(packet, OpOverloadPacket) else []
         overloads = [overload for overload in overloads if _returns_tensors(overload)]  # not ``split.str``
     several = bool(overloads) and all(_returns_several_tensors(overload) and _returns_views(overload)
                                       for overload in overloads)
-    if _is_torch_target(target):
+    if owned_by_torch(target):
         _several_views[key] = several
     return several
 
@@ -200,18 +209,30 @@ def reads_process_state(node: torch.fx.Node, value: Any) -> bool:
                                                                 for item in pytree.tree_leaves(value)))
 
 
-def _is_torch_target(target: Any) -> bool:
-    return isinstance(target, (str, OpOverload, OpOverloadPacket)) or (
-        not bound_to_an_object(target) and (getattr(target, "__module__", None) or "").split(".")[0] in _TORCH_MODULES)
+def owned_by_torch(target: Any) -> bool:
+    """Whether ``target`` is torch's own (or python's operators and builtins), so that a table keeping
+    it keeps nothing of the user's alive and what it computes depends only on its arguments: an op,
+    or a function, builtin, method descriptor or class defined in torch or python, bound to no object
+    and to no class of the user's (``MyTensor.__torch_function__``, a user Function's ``apply``)."""
+    if isinstance(target, (str, OpOverload, OpOverloadPacket, HigherOrderOperator)):
+        return True
+    return (isinstance(target, _PLAIN_CALLABLES) and not bound_to_an_object(target)
+            and _module_is_torchs(target))
+
+
+def _module_is_torchs(owner: Any) -> bool:
+    return (getattr(owner, "__module__", None) or "").split(".")[0] in _TORCH_MODULES
 
 
 def bound_to_an_object(target: Any) -> bool:
-    """A method bound to an object (``linear.forward``, ``tensor.add``): what it computes depends on the
-    object's state (a module's parameters, the user's code it holds), which no key holds, and a table
-    that keeps it keeps the object alive. Ask it of anything but an op: an OpOverloadPacket's
-    ``__self__`` is its C++ function's record."""
+    """A method bound to an object (``linear.forward``, ``tensor.add``) or to a user's class: what it
+    computes depends on the object's state (a module's parameters, the user's code it holds), which no
+    key holds, and a table that keeps it keeps the object alive. Ask it of anything but an op: an
+    OpOverloadPacket's ``__self__`` is its C++ function's record."""
     owner = getattr(target, "__self__", None)
-    return owner is not None and not isinstance(owner, (type, types.ModuleType))
+    if owner is None or isinstance(owner, types.ModuleType):
+        return False
+    return not isinstance(owner, type) or not _module_is_torchs(owner)
 
 
 def _named_in_place(name: str) -> bool:
@@ -239,5 +260,5 @@ def _judge_purity(op: str, target: Any) -> bool:
         return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
     if _within(module, _AUTOGRAD_PACKAGES):
         return False  # autograd.grad, backward: the result is the autograd graph's, which no key holds
-    return (module.split(".")[0] in _TORCH_MODULES and not name.endswith("_") and "autocast" not in module
+    return (owned_by_torch(target) and not name.endswith("_") and "autocast" not in module
             and not _within(module, _STATEFUL_PACKAGES))

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..engine import session as context
-from ..memo.purity import bound_to_an_object
+from ..memo.purity import owned_by_torch
 from . import registry
 from .. import symbolic
 from ..devices import TRANSFERS, Placement, place
@@ -117,7 +117,7 @@ def resolve_call(call: Call) -> Resolution:
 def static_rule(target: Any) -> Rule:
     """What handles ``target`` before its values are known (memoized per target)."""
     key = type(target) if isinstance(target, torch.nn.Module) else target
-    if not _lives_as_long_as_torch(key):  # a user's function or bound method: kept by no table
+    if not owned_by_torch(key):  # a user's function or bound method: kept by no table
         return _static_rule(target)
     found = _static.get(key)
     if found is None:
@@ -125,17 +125,6 @@ def static_rule(target: Any) -> Rule:
         with _static_lock:
             _static[key] = found
     return found
-
-
-def _lives_as_long_as_torch(key: Any) -> bool:
-    """Whether memoizing ``key`` keeps nothing of the user's alive: torch's ops, types and
-    functions, python's operators and builtins."""
-    if isinstance(key, (str, OpOverload, OpOverloadPacket, HigherOrderOperator)):
-        return True
-    if bound_to_an_object(key):
-        return False
-    module = getattr(key, "__module__", None) or ""
-    return module.split(".")[0] in ("torch", "operator", "_operator", "math", "builtins")
 
 
 def _static_rule(target: Any) -> Rule:
