@@ -3,6 +3,8 @@
 Each case runs through `check_rule`, which runs the real op: fxprop must propagate where it
 succeeds, and refuse with the same exception type where it raises.
 """
+import operator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -800,3 +802,23 @@ def test_index_put_with_symbolic_values_refuses_another_dtype_whatever_their_cou
         fxprop.propagate(gm, fxprop.TensorSpec(("B", 3)), fxprop.TensorSpec(("N",), dtype=torch.int64),
                          fxprop.TensorSpec(("K",), dtype=torch.int64))
     assert ours.value.error_type is RuntimeError
+
+
+_BITWISE_OPERATORS = [operator.lshift, operator.rshift, operator.and_, operator.or_, operator.xor,
+                      operator.ilshift, operator.irshift, operator.iand, operator.ior, operator.ixor]
+_BITWISE_OPERANDS = {"bool": torch.tensor([True, False]), "int8": torch.tensor([1, 2], dtype=torch.int8),
+                     "int64": torch.tensor([1, 2]), "float32": torch.tensor([1.0, 2.0])}
+
+
+@pytest.mark.parametrize("operator_", _BITWISE_OPERATORS, ids=lambda op: op.__name__)
+@pytest.mark.parametrize("self_dtype", _BITWISE_OPERANDS)
+@pytest.mark.parametrize("other", [3, True, 2.0, *_BITWISE_OPERANDS], ids=str)
+def test_bitwise_operators_refuse_and_promote_as_real_execution(operator_, self_dtype, other):
+    """``bool << 3`` shifts in int64, as the real kernel does after type promotion, where the meta
+    kernels of the shift dunders refused any tensor whose own dtype is not integral; ``x &= 1`` of
+    floats has no CPU kernel, which the in-place dunders' twins (``__and__`` of ``__iand__``) say."""
+    other = _BITWISE_OPERANDS[other].clone() if isinstance(other, str) else other
+    try:
+        check_rule(operator_, _BITWISE_OPERANDS[self_dtype].clone(), other)
+    except fxprop.PropagationError as refusal:  # check_rule re-raises only when real execution raised alike
+        assert not isinstance(refusal, fxprop.InternalError), refusal

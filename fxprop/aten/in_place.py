@@ -30,11 +30,16 @@ _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided
 
 @lru_cache(maxsize=None)
 def functional_twin(op: OpOverload) -> OpOverload | None:
-    """``aten.add.Tensor`` for ``aten.add_.Tensor``; None when ``op`` writes no ``self`` or has no twin."""
+    """``aten.add.Tensor`` for ``aten.add_.Tensor`` (``aten.__and__.Scalar`` for ``aten.__iand__.Scalar``);
+    None when ``op`` writes no ``self`` or has no twin."""
     if torch.Tag.inplace not in op.tags or op.namespace != "aten":
         return None
     name = schema_of(op).name.split("::", 1)[1]
-    packet = getattr(aten, name.removesuffix("_"), None) if name.endswith("_") else None
+    if name.startswith("__i") and name.endswith("__"):
+        functional = "__" + name[len("__i"):]
+    else:
+        functional = name.removesuffix("_") if name.endswith("_") else None
+    packet = getattr(aten, functional, None) if functional is not None else None
     if packet is None:
         return None
 

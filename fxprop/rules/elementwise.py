@@ -57,3 +57,31 @@ def nan_to_num_(self, nan=None, posinf=None, neginf=None):
     the real kernel replaces the parts of each complex number in place, as nan_to_num does."""
     aten.nan_to_num.default(self, nan, posinf, neginf)  # its checks
     return self
+
+
+
+@rule(aten.__lshift__.Scalar, aten.__lshift__.Tensor)
+def lshift(self, other):
+    """Corrects ``<<``'s meta kernels, which refuse a tensor whose own dtype is not integral: the
+    real kernel shifts in the promoted dtype, as ``bitwise_left_shift`` does (``bool << 3`` is int64;
+    ``bool << True`` stays bool, which no CPU kernel implements)."""
+    return torch.bitwise_left_shift(self, other)
+
+
+@rule(aten.__rshift__.Scalar, aten.__rshift__.Tensor)
+def rshift(self, other):
+    """Corrects ``>>``'s meta kernels as `lshift` corrects ``<<``'s."""
+    return torch.bitwise_right_shift(self, other)
+
+
+@rule(aten.__ilshift__.Scalar, aten.__ilshift__.Tensor)
+def ilshift(self, other):
+    """Corrects ``<<=``'s meta kernels, which refuse a shift by a bool tensor that the real kernel
+    promotes (``int64 <<= bool`` shifts by 0 or 1)."""
+    return self.bitwise_left_shift_(other)
+
+
+@rule(aten.__irshift__.Scalar, aten.__irshift__.Tensor)
+def irshift(self, other):
+    """Corrects ``>>=``'s meta kernels as `ilshift` corrects ``<<=``'s."""
+    return self.bitwise_right_shift_(other)
