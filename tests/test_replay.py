@@ -748,3 +748,155 @@ def test_a_classmethod_of_a_users_subclass_is_kept_by_no_table():
     fxprop.rule_cache.clear()
     gc.collect()
     assert alive() is None
+
+
+def _lazy_graph(build) -> torch.fx.GraphModule:
+    """A graph never compiled: fx's codegen cannot name some targets (a callable object, a class torch made)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+    graph = torch.fx.Graph()
+    build(graph)
+    return _LazyGraphModule(torch.nn.Module(), graph)
+
+
+def test_a_users_wrapper_of_a_torch_function_is_the_users():
+    """``functools.wraps`` copies ``torch.flatten``'s ``__module__`` onto a user's wrapper that reads
+    the user's state: it is neither memoized nor replayed, and no table keeps the state alive."""
+    import functools
+    import gc
+    import weakref
+
+    class Config:
+        start = 1
+
+    config = Config()
+
+    @functools.wraps(torch.flatten)
+    def flatten(x):
+        return torch.flatten(x, config.start)
+
+    def build(graph):
+        x = graph.placeholder("x")
+        first = graph.call_function(flatten, (x,))
+        graph.call_function(setattr, (config, "start", 0))
+        graph.output((first, graph.call_function(flatten, (x,))))
+
+    cache = fxprop.RuleCache()
+    for start in (1, 1, 2):
+        config.start = start
+        real = torch.fx.Interpreter(_lazy_graph(build)).run(torch.ones(2, 3, 4))
+        config.start = start
+        out = fxprop.propagate(_lazy_graph(build), TensorSpec((2, 3, 4)), cache=cache)
+        assert [tuple(value.shape) for value in out] == [tuple(value.shape) for value in real]
+    assert replays(cache) == 0
+    alive = weakref.ref(config)
+    del config, flatten, build, out, real
+    cache.clear()
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_call_that_resizes_inside_is_never_a_hit():
+    """``torch._refs._maybe_resize_out`` resizes its argument in place though its name does not say
+    so: called twice alike in one graph, the second call is computed, not a hit that skips the resize."""
+    import torch._refs
+
+    def build(graph):
+        first, second = graph.placeholder("first"), graph.placeholder("second")
+        graph.call_function(torch._refs._maybe_resize_out, (first, (4, 4)))
+        graph.call_function(torch._refs._maybe_resize_out, (second, (4, 4)))
+        graph.output((graph.call_function(torch.ops.aten.view.default, (second, [-1])),))
+
+    with pytest.warns(UserWarning, match="was resized"):
+        real = torch.fx.Interpreter(_lazy_graph(build)).run(torch.zeros(2), torch.zeros(2))
+    for cache in (fxprop.RuleCache(), "verify"):
+        with pytest.warns(UserWarning, match="was resized"):
+            out = fxprop.propagate(_lazy_graph(build), TensorSpec((2,)), TensorSpec((2,)), cache=cache)
+        assert (tuple(out[0].shape), out[0].untyped_storage().nbytes()) == (
+            tuple(real[0].shape), real[0].untyped_storage().nbytes()) == ((16,), 64)
+
+
+def test_backward_reached_through_operator_call_or_getattr_marks_the_graph_as_differentiating():
+    import operator
+    from fxprop.memo.purity import may_differentiate
+
+    def through_call(graph):
+        x = graph.placeholder("x")
+        total = graph.call_function(torch.ops.aten.sum.default, (x,))
+        graph.call_function(operator.call, (torch.Tensor.backward, total))
+        graph.output((x,))
+
+    def through_getattr(graph):
+        x = graph.placeholder("x")
+        total = graph.call_function(torch.ops.aten.sum.default, (x,))
+        graph.call_function(operator.call, (graph.call_function(getattr, (total, "backward")),))
+        graph.output((x,))
+
+    assert may_differentiate(_lazy_graph(through_call)) and may_differentiate(_lazy_graph(through_getattr))
+    assert not fxprop.memo.purity.is_pure("call_function", operator.call, (torch.Tensor.backward,), {})
+
+
+def test_classes_torch_makes_around_a_users_class_are_kept_by_no_table():
+    """A Function's ``_backward_cls`` and a parametrized module's class carry torch's ``__module__``
+    but hold the user's class; no table keeps them, and the user's class can go."""
+    import gc
+    import weakref
+    import torch.nn.utils.parametrize as parametrize
+    from fxprop.memo.purity import owned_by_torch
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("w", torch.zeros(3, 3))
+
+        def forward(self, x):
+            return x @ self.w
+
+    class Upper(torch.nn.Module):
+        def forward(self, w):
+            return w.triu()
+
+    net = Net()
+    parametrize.register_parametrization(net, "w", Upper())
+    assert not owned_by_torch(Doubled._backward_cls) and not owned_by_torch(type(net))
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    gm.add_submodule("net", net)
+    x = gm.graph.placeholder("x")
+    gm.graph.call_function(Doubled._backward_cls, ())
+    gm.graph.output((gm.graph.call_module("net", (x,)), gm.graph.call_function(Doubled.apply, (x,))))
+    cache = fxprop.RuleCache()
+    for _ in range(2):
+        out = fxprop.propagate(torch.fx._lazy_graph_module._LazyGraphModule(gm, gm.graph), TensorSpec((2, 3)), cache=cache)
+        assert [tuple(value.shape) for value in out] == [(2, 3), (2, 3)]
+    alive = [weakref.ref(Doubled), weakref.ref(Net)]
+    del Doubled, Net, net, gm, x, out
+    cache.clear()
+    fxprop.rule_cache.clear()
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]
+
+
+def test_a_class_whose_module_cannot_be_read_is_the_users():
+    class Unnamed(type):
+        @property
+        def __module__(cls):
+            raise ValueError("no module")
+
+    class Doubler(metaclass=Unnamed):
+        @classmethod
+        def double(cls, x):
+            return x * 2
+
+    def build(graph):
+        graph.output((graph.call_function(Doubler.double, (graph.placeholder("x"),)),))
+
+    out = fxprop.propagate(_lazy_graph(build), TensorSpec((3,)), cache=fxprop.RuleCache())
+    assert tuple(out[0].shape) == (3,)

@@ -29,6 +29,20 @@ _RESHAPING_SELF = ("resize", "set_", "squeeze", "transpose", "swap", "as_strided
 
 
 @lru_cache(maxsize=None)
+def reshapes_in_place(op: OpOverload) -> bool:
+    """Whether ``op`` may change the sizes, strides or storage of a tensor it is given (``resize_``,
+    ``set_``, ``transpose_``, ``as_strided_``, and an ``out=`` tensor, which a kernel resizes to
+    its result), as opposed to only writing its values."""
+    schema = schema_of(op)
+    name = schema.name.split("::", 1)[-1]
+    if not (schema.is_mutable or name.endswith("_")):
+        return False
+    writes_out = any(argument.kwarg_only and argument.alias_info is not None and argument.alias_info.is_write
+                     for argument in schema.arguments)
+    return writes_out or name == "t_" or any(part in name for part in _RESHAPING_SELF)
+
+
+@lru_cache(maxsize=None)
 def functional_twin(op: OpOverload) -> OpOverload | None:
     """``aten.add.Tensor`` for ``aten.add_.Tensor`` (``aten.__and__.Scalar`` for ``aten.__iand__.Scalar``);
     None when ``op`` writes no ``self`` or has no twin."""

@@ -23,7 +23,7 @@ from ..call import Call
 from ..errors import UnsupportedError
 from ..aten.host_dtypes import check_cpu_kernel_dtypes, refusal_type_on_the_host
 from ..aten.host_overlap import check_overlapping_writes
-from ..aten.in_place import written_arguments
+from ..aten.in_place import reshapes_in_place, written_arguments
 from ..aten.index_values import check_known_indices
 from ..kinds import Kind, Rule
 from ..kinds.decomposition import run_composite_kernel, run_decomposition
@@ -100,6 +100,8 @@ class RuleDispatch(TorchDispatchMode):
         known = self.session.real_values
         # Copies of the inputs' known values, taken before an in-place op forgets what it writes.
         host_inputs = value_flow.host_inputs(call, known)
+        if reshapes_in_place(func):
+            self.session.reshaped_in_place += 1
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
                 known.forget_written(written)

@@ -37,6 +37,7 @@ class Session:
     # the sizes, strides and offset of the views computed with symbolic sizes, by their geometry's
     # expressions (`fxprop.aten.view_strides.remembered_view`): they name this call's symbols
     view_geometries: dict = field(default_factory=dict)
+    reshaped_in_place: int = 0  # how many ops so far changed a tensor's sizes or storage (`reshapes_in_place`)
 
 
 def current_session() -> Session | None:

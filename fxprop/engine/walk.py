@@ -207,6 +207,7 @@ class GraphWalk:
                 self.propagation.remember_values(value, values)
         else:
             symbols_before = self.propagation.symbols.symbol_count()
+            reshaped_before = self.propagation.session.reshaped_in_place
             around = self.propagation.around
             if around is not None and node.op != "call_module":
                 with symbolic.dispatcher(self.propagation.symbols):  # its casts run outside the node's kernels
@@ -228,7 +229,10 @@ class GraphWalk:
                     self.propagation.signatures.forget()
                     self.propagation.symbolic_signatures.forget()
                     self.propagation.refresh_environment()
-            elif hit is None and not created_symbols and not reads_process_state(node, value):
+            elif (hit is None and not created_symbols and not reads_process_state(node, value)
+                  and self.propagation.session.reshaped_in_place == reshaped_before):
+                # a call that resized or restrided a tensor inside (``torch._refs._maybe_resize_out``,
+                # a python function whose name does not say so): a hit would skip that
                 values = self.propagation.values_held_by(value)
                 if values is not None:  # None: values too large to keep with the entry, so it is not kept
                     memo.store(call, value, provenance, values)

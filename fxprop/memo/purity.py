@@ -9,6 +9,7 @@ must not be handed a memoized result that requires grad, which has no autograd h
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from typing import Any
 
@@ -25,8 +26,11 @@ _IMPURE_METHODS = frozenset({"item", "tolist", "numpy", "backward", "register_ho
                              "data_ptr", "untyped_storage", "storage"})
 # The same methods taken from the class, as a call_function target (``torch.Tensor.backward``).
 _IMPURE_TENSOR_METHODS = frozenset(getattr(torch.Tensor, name) for name in _IMPURE_METHODS)
+# Calls that change what they are given, or call what they are given (``operator.call``), with names that do not say so.
 _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
-                           getattr(torch, "_assert_async", print), *_IMPURE_TENSOR_METHODS})
+                           getattr(torch, "_assert_async", print), *_IMPURE_TENSOR_METHODS,
+                           getattr(operator, "call", print), torch.utils.swap_tensors,
+                           torch.nn.utils.vector_to_parameters})
 # What torch's own targets are: ops, and functions, builtins, method descriptors and classes whose
 # module is torch's or python's. A callable object (``operator.methodcaller("resize_", ...)``) takes
 # its class's module, whatever it calls and holds.
@@ -59,7 +63,10 @@ def may_differentiate(gm: torch.fx.GraphModule) -> bool:
         graph = module.graph
         if graph.find_nodes(op="call_method", target="backward", sort=False):
             return True
-        if graph.find_nodes(op="call_function", target=torch.Tensor.backward, sort=False):
+        if any(graph.find_nodes(op="call_function", target=target, sort=False) for target in _CALLING_BACKWARD):
+            return True
+        if any(node.args[1:2] == ("backward",) for node in graph.find_nodes(op="call_function", target=getattr,
+                                                                             sort=False)):
             return True
         if any(node.op == "call_function" and _may_reach_autograd(node.target) for node in graph.nodes):
             return True
@@ -72,6 +79,10 @@ def may_differentiate(gm: torch.fx.GraphModule) -> bool:
                 if found is not None and not _only_torch_modules(found, verdicts):
                     return True  # a user's module, or a torch container holding one
     return False
+
+
+# ``Tensor.backward`` as a call_function target, and ``operator.call``, which may be given it.
+_CALLING_BACKWARD = (torch.Tensor.backward, *((operator.call,) if hasattr(operator, "call") else ()))
 
 
 def _only_torch_modules(module: torch.nn.Module, verdicts: dict[int, bool]) -> bool:
@@ -111,7 +122,8 @@ def is_pure(op: str, target: Any, args: tuple, kwargs: dict) -> bool:
     if target is getattr and args and isinstance(args[0], torch.Tensor):
         return len(args) == 2 and args[1] in _ATTRIBUTES_THE_KEY_HOLDS
     if op == "call_module":
-        return type(target).__module__.startswith("torch.nn.") and not getattr(target, "inplace", False)
+        return (owned_by_torch(type(target)) and type(target).__module__.startswith("torch.nn.")
+                and not getattr(target, "inplace", False))
     key = (op, target)
     try:
         return _purity[key]
@@ -217,11 +229,40 @@ def owned_by_torch(target: Any) -> bool:
     if isinstance(target, (str, OpOverload, OpOverloadPacket, HigherOrderOperator)):
         return True
     return (isinstance(target, _PLAIN_CALLABLES) and not bound_to_an_object(target)
-            and _module_is_torchs(target))
+            and _module_is_torchs(target) and _named_by_its_module(target))
 
 
 def _module_is_torchs(owner: Any) -> bool:
-    return (getattr(owner, "__module__", None) or "").split(".")[0] in _TORCH_MODULES
+    return _module_name(owner).split(".")[0] in _TORCH_MODULES
+
+
+def _module_name(owner: Any) -> str:
+    try:
+        module = getattr(owner, "__module__", None)
+    except Exception:  # a metaclass's property that raises: not torch's, whatever it would say
+        return ""
+    return module if isinstance(module, str) else ""
+
+
+def _named_by_its_module(target: Any) -> bool:
+    """Whether ``target``'s module names it (by its qualified name or its name), as it names its
+    functions and classes for good. Not named there: a user's wrapper of a torch function
+    (``functools.wraps`` copies the wrapped one's ``__module__``), a closure torch made around a
+    user's function (``torch.func.grad(f)``), a class torch made around a user's class (a
+    parametrized module's, a Function's backward); each holds what the user gave it."""
+    module = sys.modules.get(_module_name(target))
+    if module is None:
+        return False
+    function = getattr(target, "__func__", target)
+    found: Any = module
+    for part in (getattr(target, "__qualname__", None) or "").split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            break
+    if getattr(found, "__func__", found) is function:
+        return True
+    named = getattr(module, getattr(target, "__name__", None) or "", None)
+    return named is not None and getattr(named, "__func__", named) is function
 
 
 def bound_to_an_object(target: Any) -> bool:
