@@ -47,6 +47,7 @@ from torch.utils._sympy import functions as sympy_functions  # noqa: F401
 
 check = torch._check
 check_index = torch._check_index
+check_not_implemented = torch._check_not_implemented
 internal_overlap = torch._debug_has_internal_overlap  # 0: none, 1: some elements share memory, 2: too hard to tell
 has_kernel_for_dispatch_key = torch._C._dispatch_has_kernel_for_dispatch_key
 

@@ -822,3 +822,37 @@ def test_bitwise_operators_refuse_and_promote_as_real_execution(operator_, self_
         check_rule(operator_, _BITWISE_OPERANDS[self_dtype].clone(), other)
     except fxprop.PropagationError as refusal:  # check_rule re-raises only when real execution raised alike
         assert not isinstance(refusal, fxprop.InternalError), refusal
+
+
+@pytest.mark.parametrize("overload", [torch.ops.aten.__lshift__.Scalar_out, torch.ops.aten.__rshift__.Scalar_out])
+@pytest.mark.parametrize("self_dtype", _BITWISE_OPERANDS)
+def test_shift_dunders_into_out_shift_in_the_promoted_dtype(overload, self_dtype):
+    out = torch.empty(2, dtype=torch.int64)
+    try:
+        check_rule(overload, _BITWISE_OPERANDS[self_dtype].clone(), 3, out=out)
+    except fxprop.PropagationError as refusal:
+        assert not isinstance(refusal, fxprop.InternalError), refusal
+
+
+@pytest.mark.parametrize("other", [_BITWISE_OPERANDS["int8"], _BITWISE_OPERANDS["bool"]], ids=["int8", "bool"])
+@pytest.mark.parametrize("overload", [torch.ops.aten.__lshift__.Tensor_out, torch.ops.aten.__rshift__.Tensor_out])
+def test_shift_dunders_by_a_tensor_into_out(overload, other):
+    try:
+        check_rule(overload, _BITWISE_OPERANDS["int64"].clone(), other.clone(), out=torch.empty(2, dtype=torch.int64))
+    except fxprop.PropagationError as refusal:
+        assert not isinstance(refusal, fxprop.InternalError), refusal
+
+
+@pytest.mark.parametrize("operator_", [operator.lshift, operator.ilshift, operator.rshift, operator.irshift],
+                         ids=lambda op: op.__name__)
+def test_shifts_of_floats_on_a_cuda_target_have_no_kernel(operator_):
+    """CUDA's shift kernels, like the CPU's, are compiled for integral dtypes only, and no host
+    kernel can be asked for a cuda target: the rule says so itself."""
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(operator_, (graph.placeholder("x"), 3)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.raises(fxprop.PropagationError) as refusal:
+        fxprop.propagate(gm, fxprop.TensorSpec((2, 3), device="cuda"))
+    assert refusal.value.error_type is NotImplementedError
+    out = fxprop.propagate(gm, fxprop.TensorSpec((2, 3), dtype=torch.int32, device="cuda"))
+    assert (out.dtype, out.device) == (torch.int32, torch.device("cuda", 0))

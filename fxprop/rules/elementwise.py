@@ -9,7 +9,7 @@ import torch
 
 from ..aten.layout import cast_copy
 from ..resolve.registry import rule
-from ..torch_compat import check
+from ..torch_compat import check, check_not_implemented
 
 aten = torch.ops.aten
 
@@ -60,28 +60,41 @@ def nan_to_num_(self, nan=None, posinf=None, neginf=None):
 
 
 
-@rule(aten.__lshift__.Scalar, aten.__lshift__.Tensor)
-def lshift(self, other):
+
+def _check_integral_shift(name: str, self, other) -> None:
+    """Shift kernels, the CPU's and CUDA's, are compiled for integral dtypes only (bool excluded),
+    and run in the dtype ``self`` and ``other`` promote to."""
+    dtype = torch.result_type(self, other)
+    check_not_implemented(not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool),
+                          lambda: f'"{name}" not implemented for \'{str(dtype).removeprefix("torch.")}\'')
+
+
+@rule(aten.__lshift__.Scalar, aten.__lshift__.Tensor, aten.__lshift__.Scalar_out, aten.__lshift__.Tensor_out)
+def lshift(self, other, *, out=None):
     """Corrects ``<<``'s meta kernels, which refuse a tensor whose own dtype is not integral: the
     real kernel shifts in the promoted dtype, as ``bitwise_left_shift`` does (``bool << 3`` is int64;
-    ``bool << True`` stays bool, which no CPU kernel implements)."""
-    return torch.bitwise_left_shift(self, other)
+    ``bool << True`` stays bool, for which no kernel is compiled)."""
+    _check_integral_shift("lshift", self, other)
+    return torch.bitwise_left_shift(self, other, out=out)
 
 
-@rule(aten.__rshift__.Scalar, aten.__rshift__.Tensor)
-def rshift(self, other):
+@rule(aten.__rshift__.Scalar, aten.__rshift__.Tensor, aten.__rshift__.Scalar_out, aten.__rshift__.Tensor_out)
+def rshift(self, other, *, out=None):
     """Corrects ``>>``'s meta kernels as `lshift` corrects ``<<``'s."""
-    return torch.bitwise_right_shift(self, other)
+    _check_integral_shift("rshift", self, other)
+    return torch.bitwise_right_shift(self, other, out=out)
 
 
 @rule(aten.__ilshift__.Scalar, aten.__ilshift__.Tensor)
 def ilshift(self, other):
     """Corrects ``<<=``'s meta kernels, which refuse a shift by a bool tensor that the real kernel
     promotes (``int64 <<= bool`` shifts by 0 or 1)."""
+    _check_integral_shift("lshift", self, other)
     return self.bitwise_left_shift_(other)
 
 
 @rule(aten.__irshift__.Scalar, aten.__irshift__.Tensor)
 def irshift(self, other):
     """Corrects ``>>=``'s meta kernels as `ilshift` corrects ``<<=``'s."""
+    _check_integral_shift("rshift", self, other)
     return self.bitwise_right_shift_(other)
