@@ -900,3 +900,58 @@ def test_a_class_whose_module_cannot_be_read_is_the_users():
 
     out = fxprop.propagate(_lazy_graph(build), TensorSpec((3,)), cache=fxprop.RuleCache())
     assert tuple(out[0].shape) == (3,)
+
+
+def test_a_call_that_reshapes_only_what_it_made_is_kept():
+    """``gru`` with ``batch_first`` transposes its own output in place: that is no write to what it
+    was given, and a second alike call is a hit."""
+    gru = torch.nn.GRU(4, 5, batch_first=True)
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(gru))
+    cache = fxprop.RuleCache()
+    fxprop.propagate(gm, TensorSpec((2, 3, 4)), cache=cache)
+    other = torch.fx.symbolic_trace(torch.nn.Sequential(gru, torch.nn.Identity()))  # another graph: no replay
+    out = fxprop.propagate(other, TensorSpec((2, 3, 4)), cache=cache)
+    assert cache.stats()["hits"] >= 1 and tuple(out[0].shape) == (2, 3, 5)
+
+
+def test_targets_whose_attributes_cannot_be_read_are_the_users():
+    """A target whose metaclass raises on ``__qualname__``, ``__func__`` or reports a module that is
+    no string is not torch's, and no raw error escapes; a qualified name is looked up without
+    importing anything (torch's module ``__getattr__`` imports submodules on access)."""
+    import subprocess
+    import sys
+
+    class QualnameRaises(type):
+        def __getattribute__(cls, name):
+            if name == "__qualname__":
+                raise ValueError("no qualname")
+            return type.__getattribute__(cls, name)
+
+    class FuncRaises(type):
+        def __getattr__(cls, name):
+            raise KeyError(name) if name == "__func__" else AttributeError(name)
+
+    class ModuleNotAString(type):
+        @property
+        def __module__(cls):
+            return 5
+
+    targets = []
+    for metaclass in (QualnameRaises, FuncRaises, ModuleNotAString):
+        namespace = {"__new__": lambda cls, x: x * 2}
+        if metaclass is not ModuleNotAString:
+            namespace["__module__"] = "torch"
+        targets.append(metaclass("Doubler", (), namespace))
+    for target in targets:
+        assert not fxprop.memo.purity.owned_by_torch(target)
+        for cache in (fxprop.RuleCache(), "verify"):
+            gm = _lazy_graph(lambda graph: graph.output((graph.create_node(
+                "call_function", target, (graph.placeholder("x"),), name="doubled"),)))
+            assert tuple(fxprop.propagate(gm, TensorSpec((3,)), cache=cache)[0].shape) == (3,)
+    code = ("import sys, types, torch, fxprop\n"
+            "f = types.FunctionType((lambda x: x).__code__, {}, 'f')\n"
+            "f.__module__, f.__qualname__ = 'torch', '_dynamo.f'\n"
+            "assert not fxprop.memo.purity.owned_by_torch(f)\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

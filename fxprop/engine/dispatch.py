@@ -31,7 +31,7 @@ from ..kinds.fallback import refuse_without_kernel_for, run_on_host
 from ..kinds.meta import run_meta
 from ..resolve.order import resolve_op
 from .inputs import to_internal
-from ..torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, dtensor_type, schema_of
+from ..torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, dtensor_type, schema_of, storage_key
 
 
 class RuleDispatch(TorchDispatchMode):
@@ -100,7 +100,7 @@ class RuleDispatch(TorchDispatchMode):
         known = self.session.real_values
         # Copies of the inputs' known values, taken before an in-place op forgets what it writes.
         host_inputs = value_flow.host_inputs(call, known)
-        if reshapes_in_place(func):
+        if self.session.storages_of_calls and reshapes_in_place(func) and self.reshapes_a_given_tensor(func, args, kwargs):
             self.session.reshaped_in_place += 1
         if known and schema_of(func).is_mutable:
             for written in written_arguments(func, args, kwargs):
@@ -126,6 +126,12 @@ class RuleDispatch(TorchDispatchMode):
         if host_inputs is not None:
             value_flow.learn(func, args, kwargs, result, host_inputs, known)
         return result
+
+    def reshapes_a_given_tensor(self, func, args: tuple, kwargs: dict) -> bool:
+        """Whether ``func`` reshapes in place a tensor over the storage of one given to a call being
+        computed (not one the call made itself: ``gru`` transposes its own output)."""
+        written = written_arguments(func, args, kwargs) or [arg for arg in args[:1] if isinstance(arg, torch.Tensor)]
+        return any(storage_key(tensor) in self.session.storages_of_calls for tensor in written)
 
     def run_kind(self, func, rule: Rule, args: tuple, kwargs: dict) -> Any:
         kind = rule.kind

@@ -37,7 +37,10 @@ class Session:
     # the sizes, strides and offset of the views computed with symbolic sizes, by their geometry's
     # expressions (`fxprop.aten.view_strides.remembered_view`): they name this call's symbols
     view_geometries: dict = field(default_factory=dict)
-    reshaped_in_place: int = 0  # how many ops so far changed a tensor's sizes or storage (`reshapes_in_place`)
+    # The storages of the tensors given to the calls being computed whose results may be kept
+    # (`GraphWalk.call`), and how many ops so far reshaped one of them in place (`reshapes_in_place`).
+    storages_of_calls: frozenset = frozenset()
+    reshaped_in_place: int = 0
 
 
 def current_session() -> Session | None:

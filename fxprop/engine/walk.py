@@ -207,14 +207,20 @@ class GraphWalk:
                 self.propagation.remember_values(value, values)
         else:
             symbols_before = self.propagation.symbols.symbol_count()
-            reshaped_before = self.propagation.session.reshaped_in_place
-            around = self.propagation.around
-            if around is not None and node.op != "call_module":
-                with symbolic.dispatcher(self.propagation.symbols):  # its casts run outside the node's kernels
-                    value, provenance = around(target, args, kwargs,
-                                               lambda a, k: self.compute(node, Call(target, a, k)))
-            else:
-                value, provenance = self.compute(node, call)
+            session = self.propagation.session
+            storages_before, reshaped_before = session.storages_of_calls, session.reshaped_in_place
+            if memo is not None:
+                session.storages_of_calls = storages_before.union(map(torch_compat.storage_key, call.tensors))
+            try:
+                around = self.propagation.around
+                if around is not None and node.op != "call_module":
+                    with symbolic.dispatcher(self.propagation.symbols):  # its casts run outside the node's kernels
+                        value, provenance = around(target, args, kwargs,
+                                                   lambda a, k: self.compute(node, Call(target, a, k)))
+                else:
+                    value, provenance = self.compute(node, call)
+            finally:
+                session.storages_of_calls = storages_before
             if hit is not None and not same_result(hit[0], value, call.tensors):
                 raise InternalError(f"the rule cache returned a different result for {target_name(target)} than "
                                     f"the rule computes now: cached {_describe(hit[0])}, computed {_describe(value)}")
@@ -230,7 +236,7 @@ class GraphWalk:
                     self.propagation.symbolic_signatures.forget()
                     self.propagation.refresh_environment()
             elif (hit is None and not created_symbols and not reads_process_state(node, value)
-                  and self.propagation.session.reshaped_in_place == reshaped_before):
+                  and session.reshaped_in_place == reshaped_before):
                 # a call that resized or restrided a tensor inside (``torch._refs._maybe_resize_out``,
                 # a python function whose name does not say so): a hit would skip that
                 values = self.propagation.values_held_by(value)

@@ -161,10 +161,11 @@ def replayable_target(op: str, target: Any) -> bool:
         return False
     if op == "call_method":
         replayable = isinstance(target, str)
+    elif not owned_by_torch(target):
+        replayable = False
     else:
-        module = getattr(target, "__module__", None) or ""
-        name = getattr(target, "__name__", "") or ""
-        replayable = (owned_by_torch(target) and target not in _EFFECTS_OUTSIDE and target not in _IMPURE_TENSOR_METHODS
+        module, name = _module_name(target), _attribute(target, "__name__") or ""
+        replayable = (target not in _EFFECTS_OUTSIDE and target not in _IMPURE_TENSOR_METHODS
                       and not _within(module, _STATEFUL_PACKAGES)
                       and (not name.startswith(_SETTERS) or target in _SETTINGS_PUT_BACK))
     if replayable:
@@ -237,11 +238,17 @@ def _module_is_torchs(owner: Any) -> bool:
 
 
 def _module_name(owner: Any) -> str:
-    try:
-        module = getattr(owner, "__module__", None)
-    except Exception:  # a metaclass's property that raises: not torch's, whatever it would say
-        return ""
+    module = _attribute(owner, "__module__")
     return module if isinstance(module, str) else ""
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """``getattr(owner, name, None)``, None too where reading it raises (a user's metaclass may make
+    ``__module__`` or ``__qualname__`` a property that does): such a target is not torch's."""
+    try:
+        return getattr(owner, name, None)
+    except Exception:
+        return None
 
 
 def _named_by_its_module(target: Any) -> bool:
@@ -251,18 +258,22 @@ def _named_by_its_module(target: Any) -> bool:
     user's function (``torch.func.grad(f)``), a class torch made around a user's class (a
     parametrized module's, a Function's backward); each holds what the user gave it."""
     module = sys.modules.get(_module_name(target))
-    if module is None:
+    qualname, name = _attribute(target, "__qualname__"), _attribute(target, "__name__")
+    if module is None or not isinstance(qualname, str) or not isinstance(name, str):
         return False
-    function = getattr(target, "__func__", target)
+    function = _attribute(target, "__func__") or target
+    # Looked up in the namespaces themselves: torch's module ``__getattr__`` imports submodules.
     found: Any = module
-    for part in (getattr(target, "__qualname__", None) or "").split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            break
-    if getattr(found, "__func__", found) is function:
-        return True
-    named = getattr(module, getattr(target, "__name__", None) or "", None)
-    return named is not None and getattr(named, "__func__", named) is function
+    for part in qualname.split("."):
+        found = _own_namespace(found).get(part)
+    named = _own_namespace(module).get(name)
+    return any(candidate is not None and (_attribute(candidate, "__func__") or candidate) is function
+               for candidate in (found, named))
+
+
+def _own_namespace(owner: Any) -> dict:
+    namespace = _attribute(owner, "__dict__")
+    return namespace if isinstance(namespace, (dict, types.MappingProxyType)) else {}
 
 
 def bound_to_an_object(target: Any) -> bool:
@@ -270,7 +281,7 @@ def bound_to_an_object(target: Any) -> bool:
     computes depends on the object's state (a module's parameters, the user's code it holds), which no
     key holds, and a table that keeps it keeps the object alive. Ask it of anything but an op: an
     OpOverloadPacket's ``__self__`` is its C++ function's record."""
-    owner = getattr(target, "__self__", None)
+    owner = _attribute(target, "__self__")
     if owner is None or isinstance(owner, types.ModuleType):
         return False
     return not isinstance(owner, type) or not _module_is_torchs(owner)
@@ -291,15 +302,13 @@ def _judge_purity(op: str, target: Any) -> bool:
     if isinstance(target, OpOverloadPacket):
         return not any(schema_of(getattr(target, o)).is_mutable or _named_in_place(schema_of(getattr(target, o)).name)
                        for o in target.overloads())
-    if target in _IMPURE_CALLS or bound_to_an_object(target):
+    if not owned_by_torch(target) or target in _IMPURE_CALLS:
         return False
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__name__", "") or ""
+    module, name = _module_name(target), _attribute(target, "__name__") or ""
     if module in ("_operator", "operator") and name in _IN_PLACE_OPERATORS:
         return False
     if name.startswith(_SETTERS):
         return False  # set_default_dtype, set_grad_enabled, use_deterministic_algorithms: process-wide state
     if _within(module, _AUTOGRAD_PACKAGES):
         return False  # autograd.grad, backward: the result is the autograd graph's, which no key holds
-    return (owned_by_torch(target) and not name.endswith("_") and "autocast" not in module
-            and not _within(module, _STATEFUL_PACKAGES))
+    return not name.endswith("_") and "autocast" not in module and not _within(module, _STATEFUL_PACKAGES)

@@ -42,6 +42,13 @@ def _changed() -> None:
 
 def target_name(target: Any) -> str:
     """A short readable name: "aten.addmm.default", "torch.nn.functional.gelu", "Tensor.view"."""
+    try:
+        return _target_name(target)
+    except Exception:  # a user's metaclass whose __module__ or __qualname__ raises
+        return f"<a {type(target).__name__}>"
+
+
+def _target_name(target: Any) -> str:
     if isinstance(target, (OpOverload, OpOverloadPacket)):
         return str(target)
     if isinstance(target, str):
