@@ -92,6 +92,7 @@ def is_composite_implicit(op: OpOverload) -> bool:
     return has_kernel(op.name(), "CompositeImplicitAutograd")
 set_grad_enabled_op = torch._C._set_grad_enabled
 set_fwd_grad_enabled_op = torch._C._set_fwd_grad_enabled
+swap_tensor_impl = torch._C._swap_tensor_impl  # torch.utils.swap_tensors' own, outside the dispatcher
 dual_level_ops = (torch._C._enter_dual_level, torch._C._exit_dual_level)  # forward AD's process-wide level
 neg_view = torch._neg_view
 DelayedError = torch._C._functions.DelayedError

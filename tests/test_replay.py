@@ -955,3 +955,47 @@ def test_targets_whose_attributes_cannot_be_read_are_the_users():
             "print('torch._dynamo' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_swap_outside_the_dispatcher_is_never_a_hit_nor_a_stale_signature():
+    """``torch._C._swap_tensor_impl`` swaps two tensors outside torch's dispatcher: a hit would skip
+    the swap, and a signature taken before it would key the next graph's calls by the old sizes."""
+    def swapping(graph):
+        a, c = graph.placeholder("a"), graph.placeholder("c")
+        graph.create_node("call_function", torch._C._swap_tensor_impl, (a, c), name="swap")
+        graph.output((graph.call_function(torch.mul, (a, 1)),))
+
+    def plain(graph):
+        graph.output((graph.call_function(torch.mul, (graph.placeholder("x"), 1)),))
+
+    cache = fxprop.RuleCache()
+    for build, inputs, shape in ((swapping, (torch.zeros(2, 3), torch.zeros(5)), (5,)),
+                                 (plain, (torch.zeros(2, 3),), (2, 3)),
+                                 (swapping, (torch.zeros(2, 3), torch.zeros(5)), (5,))):
+        real = torch.fx.Interpreter(_lazy_graph(build)).run(*(t.clone() for t in inputs))
+        out = fxprop.propagate(_lazy_graph(build), *inputs, cache=cache)
+        assert tuple(out[0].shape) == tuple(real[0].shape) == shape
+
+
+def test_a_torch_function_that_swaps_what_it_is_given_is_never_a_hit():
+    """``parametrize._maybe_set`` swaps its destination's contents (``torch.utils.swap_tensors``,
+    outside the dispatcher) when module parameters are swapped on conversion: torch's own and
+    pure by its name, its call is compared before and after, and not kept."""
+    import torch.nn.utils.parametrize as parametrize
+
+    def build(graph):
+        a, c = graph.placeholder("a"), graph.placeholder("c")
+        graph.call_function(parametrize._maybe_set, (a, c))
+        graph.output((graph.call_function(torch.sub, (a, 1)),))
+
+    swapping = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        real = torch.fx.Interpreter(_lazy_graph(build)).run(torch.zeros(2, 3), torch.zeros(5))
+        cache = fxprop.RuleCache()
+        for _ in range(2):
+            out = fxprop.propagate(_lazy_graph(build), torch.zeros(2, 3), torch.zeros(5), cache=cache)
+            assert tuple(out[0].shape) == tuple(real[0].shape) == (5,)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swapping)
+    assert not fxprop.memo.purity.is_pure("call_function", exec, ("a.data = c",), {})

@@ -2,6 +2,7 @@
 staging what its node becomes and the `Provenance` of the answer."""
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +26,21 @@ from ..resolve.order import reaches_dispatch, resolve_call
 from .source import source_line
 from ..distributed import dtensors
 from .inputs import meta_like, values_worth_knowing
+
+_PYTHON_FUNCTIONS = (types.FunctionType, types.MethodType)
+
+
+def _geometries(tensors: list) -> list:
+    """What a call may change of the tensors it is given outside torch's dispatcher (``.data =``,
+    ``torch.utils.swap_tensors``, ``requires_grad_``); symbolic sizes compared by their nodes,
+    never by asking the ShapeEnv."""
+    return [(torch_compat.storage_key(t), _plain(t.untyped_storage().nbytes()), _plain(t.storage_offset()),
+             tuple(map(_plain, t.shape)), tuple(map(_plain, t.stride())), t.dtype, t.requires_grad) for t in tensors]
+
+
+def _plain(size: Any) -> Any:
+    return size.node if isinstance(size, torch.SymInt) else size
+
 
 class DTensorMade(Exception):
     """A node of a graph propagated without DTensor handling made a DTensor: start again with it."""
@@ -209,8 +225,11 @@ class GraphWalk:
             symbols_before = self.propagation.symbols.symbol_count()
             session = self.propagation.session
             storages_before, reshaped_before = session.storages_of_calls, session.reshaped_in_place
+            given_before = None
             if memo is not None:
                 session.storages_of_calls = storages_before.union(map(torch_compat.storage_key, call.tensors))
+                if node.op == "call_module" or isinstance(target, _PYTHON_FUNCTIONS):
+                    given_before = _geometries(call.tensors)
             try:
                 around = self.propagation.around
                 if around is not None and node.op != "call_module":
@@ -229,16 +248,18 @@ class GraphWalk:
             if symbols.active:
                 created_symbols = symbols.claim(node.name) or symbols.symbol_count() != symbols_before
                 symbols.check_size(value)
-            if memo is None:
+            # A call that resized or restrided a tensor it was given (``torch._refs._maybe_resize_out``,
+            # ``torch._C._swap_tensor_impl`` inside a python function, whose names do not say so): a
+            # hit would skip that, and the signatures taken of its inputs are stale.
+            reshaped = session.reshaped_in_place != reshaped_before or (
+                given_before is not None and _geometries(call.tensors) != given_before)
+            if memo is None or reshaped:
                 if self.propagation.options.memo is not None:
                     # the call may have changed a tensor it was given, or global state the key holds
                     self.propagation.signatures.forget()
                     self.propagation.symbolic_signatures.forget()
                     self.propagation.refresh_environment()
-            elif (hit is None and not created_symbols and not reads_process_state(node, value)
-                  and session.reshaped_in_place == reshaped_before):
-                # a call that resized or restrided a tensor inside (``torch._refs._maybe_resize_out``,
-                # a python function whose name does not say so): a hit would skip that
+            elif hit is None and not created_symbols and not reads_process_state(node, value):
                 values = self.propagation.values_held_by(value)
                 if values is not None:  # None: values too large to keep with the entry, so it is not kept
                     memo.store(call, value, provenance, values)

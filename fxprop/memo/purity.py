@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from ..torch_compat import (HigherOrderOperator, OpOverload, OpOverloadPacket, dual_level_ops, pytree, schema_of,
-                            set_fwd_grad_enabled_op, set_grad_enabled_op)
+                            set_fwd_grad_enabled_op, set_grad_enabled_op, swap_tensor_impl)
 
 _IN_PLACE_OPERATORS = frozenset({"iadd", "iand", "iconcat", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
                                   "ipow", "irshift", "isub", "itruediv", "ixor"})
@@ -29,8 +29,8 @@ _IMPURE_TENSOR_METHODS = frozenset(getattr(torch.Tensor, name) for name in _IMPU
 # Calls that change what they are given, or call what they are given (``operator.call``), with names that do not say so.
 _IMPURE_CALLS = frozenset({operator.setitem, operator.delitem, setattr, delattr, set_grad_enabled_op, print,
                            getattr(torch, "_assert_async", print), *_IMPURE_TENSOR_METHODS,
-                           getattr(operator, "call", print), torch.utils.swap_tensors,
-                           torch.nn.utils.vector_to_parameters})
+                           getattr(operator, "call", print), torch.utils.swap_tensors, swap_tensor_impl,
+                           torch.nn.utils.vector_to_parameters, exec, eval})
 # What torch's own targets are: ops, and functions, builtins, method descriptors and classes whose
 # module is torch's or python's. A callable object (``operator.methodcaller("resize_", ...)``) takes
 # its class's module, whatever it calls and holds.
