@@ -159,3 +159,18 @@ def test_meta_devices_not_asked_for_finds_a_leak_and_respects_what_the_user_aske
     assert meta_devices_not_asked_for(gm) == ["add"]
     fxprop.propagate(gm, torch.empty(2, device="meta"))  # the user's own meta tensor
     assert meta_devices_not_asked_for(gm) == []
+
+
+def test_layouts_are_compared():
+    from fxprop.testing import compare_values, observe
+    sparse = torch.randn(2, 3).to_sparse()
+    mismatches = compare_values(torch.empty(2, 3), observe(sparse), node="n", op="op")
+    assert [mismatch.field for mismatch in mismatches] == ["layout"]
+
+
+def test_a_sparse_result_is_refused_not_answered_strided():
+    """``to_sparse`` runs on the host (no meta kernel), and its sparse COO result is not one fxprop
+    can carry: the node is unsupported, where a strided answer would be wrong."""
+    gm = torch.fx.symbolic_trace(lambda x: x.to_sparse().to_dense())
+    with pytest.raises(fxprop.UnsupportedError, match="layout torch.sparse_coo"):
+        fxprop.propagate(gm, torch.randn(4, 8))

@@ -64,6 +64,8 @@ EXPECTED_FAILURES: dict[str, ExpectedFailure] = expected_failures(
     # Inputs fxprop does not take.
     ("sparse.sampled_addmm", "layout", "sparse CSR inputs: fxprop propagates strided tensors only"),
     ("sparse.mm.reduce", "layout", "sparse CSR inputs: fxprop propagates strided tensors only"),
+    # Results fxprop does not make.
+    ("to_sparse", "layout", "a sparse COO result: fxprop propagates strided tensors only (refused, not answered strided)"),
     # Nothing to check on a CPU-only host.
     ("torch.ops.aten._flash_attention_forward", "unverified", _NO_CPU_DTYPES),
     ("torch.ops.aten._efficient_attention_forward", "unverified", _NO_CPU_DTYPES),

@@ -20,7 +20,7 @@ import torch
 
 from .. import symbolic
 from ..engine.blame import boundary
-from ..errors import FallbackLimitError, PropagationError
+from ..errors import FallbackLimitError, PropagationError, UnsupportedError
 from ..engine.known_values import KnownValues, has_no_values
 from ..torch_compat import (OpOverload, has_kernel_for_dispatch_key, peak_allocated_bytes, pytree, schema_of,
                            storage_key)
@@ -129,6 +129,10 @@ def run_on_host(op: Callable, args: tuple, kwargs: dict, *, limit_bytes: int,
         produced = peak  # the outputs and the kernel's temporaries
     if needed + produced > limit_bytes:
         raise _over_limit(op, needed + produced, limit_bytes, "its inputs, outputs and temporaries")
+    for leaf in pytree.tree_leaves(result):
+        if isinstance(leaf, torch.Tensor) and leaf.layout is not torch.strided:
+            raise UnsupportedError(f"{op} made a tensor of layout {leaf.layout} on the host: fxprop "
+                                   f"propagates strided tensors only")
     exact = all(value in real_values or has_no_values(value) for _, value in metas)
     aliases = {id(real_flat[i]): value for i, value in metas}
     meta_result = pytree.tree_map(lambda leaf: _to_static(leaf, aliases, exact), result)

@@ -122,11 +122,12 @@ class Observed:
     stride: tuple | None
     device: torch.device
     requires_grad: bool
+    layout: torch.layout = torch.strided
 
     @staticmethod
     def of(tensor: torch.Tensor) -> "Observed":
         stride = tensor.stride() if tensor.layout is torch.strided else None
-        return Observed(tuple(tensor.shape), tensor.dtype, stride, tensor.device, tensor.requires_grad)
+        return Observed(tuple(tensor.shape), tensor.dtype, stride, tensor.device, tensor.requires_grad, tensor.layout)
 
 
 def observe(value: Any) -> Any:
@@ -162,14 +163,14 @@ def _compare(got, expected, out: list, node: str, op: str, check_strides: bool, 
             return
         shape_differs = _sizes_differ(expected.shape, tuple(got.shape))
         checks = [("shape", shape_differs), ("dtype", expected.dtype != got.dtype),
-                  ("requires_grad", expected.requires_grad != got.requires_grad)]
+                  ("requires_grad", expected.requires_grad != got.requires_grad), ("layout", expected.layout != got.layout)]
         if check_strides and expected.stride is not None and got.layout is torch.strided and not shape_differs:
             checks.append(("stride", _sizes_differ(significant_strides(expected.shape, expected.stride),
                                                    significant_strides(tuple(got.shape), got.stride()))))
         if check_device:
             checks.append(("device", expected.device != got.device))
         values = {"shape": (expected.shape, tuple(got.shape)), "dtype": (expected.dtype, got.dtype),
-                  "requires_grad": (expected.requires_grad, got.requires_grad),
+                  "requires_grad": (expected.requires_grad, got.requires_grad), "layout": (expected.layout, got.layout),
                   "stride": (expected.stride, got.stride() if got.layout is torch.strided else None),
                   "device": (expected.device, got.device)}
         for name, differs in checks:

@@ -59,7 +59,7 @@ def _compare_traced(got: Any, expected: Any, out: list, node: str, op: str, chec
             return
         fields = [("shape", _as_expressions(expected.shape), _as_expressions(got.shape)),
                   ("dtype", expected.dtype, got.dtype), ("device", expected.device, got.device),
-                  ("requires_grad", expected.requires_grad, got.requires_grad)]
+                  ("requires_grad", expected.requires_grad, got.requires_grad), ("layout", expected.layout, got.layout)]
         if check_strides and expected.layout is torch.strided and got.layout is torch.strided:
             fields.append(("stride", _as_expressions(expected.stride()), _as_expressions(got.stride())))
         out.extend(Mismatch(node, op, f"{name}{path}", want, have) for name, want, have in fields if want != have)
