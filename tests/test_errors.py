@@ -54,3 +54,19 @@ def test_failed_propagate_leaves_metadata_as_it_was():
     with pytest.raises(fxprop.PropagationError):
         fxprop.propagate(gm, fxprop.TensorSpec((3, 8)))
     assert {n.name: dict(n.meta) for n in gm.graph.nodes} == before
+
+
+def test_a_kernel_that_refuses_the_meta_device_is_fxprops_limit_not_the_models():
+    """A strided nested tensor's kernel asserts that its storage is on a real device ("... but got
+    meta"): real execution succeeds, so the node is unsupported, not the model's error."""
+    import operator
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    nested = graph.call_function(torch.nested.as_nested_tensor,
+                                 ([x, graph.call_function(operator.getitem, (x, slice(0, 2)))],), {"layout": torch.strided})
+    graph.output((nested,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with pytest.warns(UserWarning, match="nested tensors is in prototype"):
+        gm(torch.randn(4, 8))  # real execution makes it
+        with pytest.raises(fxprop.UnsupportedError, match="but got meta"):
+            fxprop.propagate(gm, torch.randn(4, 8))

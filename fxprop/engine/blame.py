@@ -28,8 +28,9 @@ _PYTHON_KERNEL_PARTS = ("_refs", "_prims", "_prims_common", "_decomp", "_meta_re
 
 # torch's words for "this needs data a meta tensor does not have".
 # "data is not allocated yet": a C++ kernel wrote or read the memory of a tensor it made, which on meta
-# has none (ctc_loss's composite builds a tensor from a python list of lengths that way).
-_NO_DATA_PHRASES = ("meta tensor", "'meta' backend", "data-dependent", "no data!", "copy out of meta",
+# has none (ctc_loss's composite builds a tensor from a python list of lengths that way). "but got
+# meta": a kernel that asserts a real device (a strided nested tensor's storage).
+_NO_DATA_PHRASES = ("meta tensor", "'meta' backend", "data-dependent", "no data!", "copy out of meta", "but got meta",
                     "unbacked symbol", "data is not allocated yet")
 
 
