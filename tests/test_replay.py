@@ -719,12 +719,8 @@ def test_tensor_methods_with_effects_as_call_function_targets_are_walked():
     assert fxprop.memo.purity.may_differentiate(_graph(build))
 
 
-def test_a_classmethod_of_a_users_subclass_is_kept_by_no_table():
-    """A classmethod bound to a user's class (``MyTensor.__torch_function__``, a Function's ``apply``)
-    is the user's code: no purity, replay or rule table keeps the class alive."""
-    import gc
-    import weakref
-
+def _a_users_function() -> type:
+    """A new autograd Function class of the user's on every call, for a test to watch it go."""
     class Doubled(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -733,6 +729,16 @@ def test_a_classmethod_of_a_users_subclass_is_kept_by_no_table():
         @staticmethod
         def backward(ctx, grad):
             return grad * 2
+    return Doubled
+
+
+def test_a_classmethod_of_a_users_subclass_is_kept_by_no_table():
+    """A classmethod bound to a user's class (``MyTensor.__torch_function__``, a Function's ``apply``)
+    is the user's code: no purity, replay or rule table keeps the class alive."""
+    import gc
+    import weakref
+
+    Doubled = _a_users_function()
 
     def build(graph):
         x = graph.placeholder("x")
@@ -843,14 +849,7 @@ def test_classes_torch_makes_around_a_users_class_are_kept_by_no_table():
     import torch.nn.utils.parametrize as parametrize
     from fxprop.memo.purity import owned_by_torch
 
-    class Doubled(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad * 2
+    Doubled = _a_users_function()
 
     class Net(torch.nn.Module):
         def __init__(self):
