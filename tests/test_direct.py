@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 
 import pytest
 import torch
@@ -331,7 +332,7 @@ def test_elementwise_stand_ins_refused_leave_the_refusal_to_the_kernel():
                    for v in torch.utils._pytree.tree_leaves(key))
 
 
-@pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL) - set(direct._VIEWS), key=str))
+@pytest.mark.parametrize("op", sorted(set(direct.DIRECT) - set(direct._FUNCTIONAL), key=str))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
 def test_in_place_forms(op, dtype):
     """``self`` comes back where the result fits it; real execution decides every refusal."""
@@ -356,7 +357,12 @@ _VIEW_CALLS = [(aten.transpose.int, (0, 1)), (aten.transpose.int, (-1, 1)), (ate
                (aten.expand.default, ([-1, 4, 3],)), (aten.expand.default, ([2, 3, 3],)),
                (aten.expand.default, ([3],)), (aten.expand.default, ([-1, -1, -1, -1],)),
                (aten.expand.default, ([0, 2, 4, 3],)), (aten.expand.default, ([2, 1, -1, -1, -1],)),
-               (aten.expand.default, ([1, 1, 2, 4, 3],))]
+               (aten.expand.default, ([1, 1, 2, 4, 3],)),
+               (aten.slice.Tensor, ()), (aten.slice.Tensor, (1, 1)), (aten.slice.Tensor, (-1, -2)),
+               (aten.slice.Tensor, (0, 0, 1, 2)), (aten.slice.Tensor, (1, 5, 0)), (aten.slice.Tensor, (0, -9, 100, 3)),
+               (aten.slice.Tensor, (-1, None, sys.maxsize)), (aten.slice.Tensor, (0, 1, -1)),
+               (aten.slice.Tensor, (0, None, None, 0)), (aten.slice.Tensor, (0, None, None, -1)),
+               (aten.slice.Tensor, (3, 0, 1)), (aten.alias.default, ()), (aten.detach.default, ())]
 
 
 @pytest.mark.parametrize("op, arguments", _VIEW_CALLS, ids=[f"{op}-{a}" for op, a in _VIEW_CALLS])
@@ -369,7 +375,9 @@ def test_views_that_decide_nothing(op, arguments, shape):
 
 def test_views_with_symbolic_sizes_equal_their_meta_kernels():
     def views(x):
-        return x.transpose(0, 1), x.unsqueeze(1), x.unsqueeze(0).expand(3, -1, -1), x.permute(1, 0), x[:, :1].expand(-1, 5)
+        return (x.transpose(0, 1), x.unsqueeze(1), x.unsqueeze(0).expand(3, -1, -1), x.permute(1, 0),
+                x[:, :1].expand(-1, 5), x[:, 2:7:2], x[:, -3:], x[:], x[: x.shape[0]], x[1:], x[::2],
+                x.transpose(0, 1).detach())
 
     def propagated():
         gm = torch.fx.symbolic_trace(views)

@@ -3,6 +3,7 @@ the meta kernels they stand in for, on many layouts, dtypes, dims and output mas
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -92,6 +93,25 @@ def test_native_layer_norm_backward_off_the_plain_case_is_left_to_the_kernel(cas
                                                       [True, True, True]) is None
 
 
+_SLICES = [(0, 0, 1, 1), (1, 1, sys.maxsize, 1), (-1, -2, sys.maxsize, 1), (0, 0, 2, 2), (1, 5, 0, 1),
+           (0, -9, 100, 3), (2, 0, 1, 1), (0, 1, -1, 1), (5, 0, 1, 1), (0, 0, 1, 0)]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (3,), (2, 0, 3)])
+@pytest.mark.parametrize("dim, start, end, step", _SLICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_slice_backward(shape, dim, start, end, step, dtype):
+    source = torch.zeros(shape, dtype=dtype)
+    try:
+        sliced = aten.slice.Tensor(source, dim, start, end, step)
+    except (IndexError, RuntimeError):
+        sliced = source  # a slice real execution refuses: its backward is asked of the grad of the whole
+    for grad in _layouts(tuple(sliced.shape), dtype)[:3]:
+        _check(aten.slice_backward.default, (grad, list(shape), dim, start, end, step))
+    for sizes in [(1,), (*sliced.shape[:-1], 1), (2, *sliced.shape), (3,), (*sliced.shape[:-1], 7)]:
+        _check(aten.slice_backward.default, (torch.zeros(sizes, dtype=dtype), list(shape), dim, start, end, step))
+
+
 def test_backward_results_with_symbolic_sizes_equal_their_meta_kernels_and_real_execution(monkeypatch):
     weight, bias = torch.randn(8), torch.randn(8)
 
@@ -100,8 +120,12 @@ def test_backward_results_with_symbolic_sizes_equal_their_meta_kernels_and_real_
         normalized = aten.native_layer_norm_backward(grad, x, [8], mean, rstd, weight, bias, [True, True, True])
         probabilities = aten._softmax(x, -1, False)
         return normalized, aten._softmax_backward_data(grad, probabilities, -1, torch.float32), \
-            aten._log_softmax_backward_data(grad.transpose(0, 1), probabilities.transpose(0, 1), 0, torch.float32)
+            aten._log_softmax_backward_data(grad.transpose(0, 1), probabilities.transpose(0, 1), 0, torch.float32), \
+            aten.slice_backward(grad[..., 2:6], list(x.shape), -1, 2, 6, 1), \
+            aten.slice_backward(grad.transpose(0, 1), list(x.transpose(0, 1).shape), 1, 0, sys.maxsize, 1), \
+            aten.slice_backward(grad[..., ::2], list(x.shape), 2, 0, sys.maxsize, 2)
 
     check_exported_shortcuts(backward, (torch.randn(3, 5, 8), torch.randn(3, 5, 8)),
                              {aten.native_layer_norm_backward.default, aten._softmax_backward_data.default,
-                              aten._log_softmax_backward_data.default}, monkeypatch)
+                              aten._log_softmax_backward_data.default, aten.slice_backward.default,
+                              aten.slice.Tensor}, monkeypatch)

@@ -914,3 +914,131 @@ def test_a_data_dependent_size_whose_answer_depends_on_its_value_stays_refused()
     gm = traced(lambda x: torch.tensor_split(x[x > 0], 2)[0], "x")  # (u0 + 1) // 2 rows: Mod(u0, 2) decides
     with pytest.raises(fxprop.DataDependentError):
         fxprop.propagate(gm, TensorSpec((6,)))
+
+
+
+
+_RESHAPES = {
+    "contiguous": lambda x: x.reshape(-1, 8),
+    "transposed, dims kept": lambda x: torch.reshape(x.transpose(1, 2), (x.shape[0], 8, -1)),
+    "strided, dims merged": lambda x: x[:, :, :4].reshape(x.shape[0] * x.shape[1], 4),
+    "size-1 dims": lambda x: x[:, :1].reshape(1, x.shape[0], 1, 8),
+    "no view: a copy": lambda x: x[:, 1:].reshape(-1, 8),
+    "transposed, flattened: a copy": lambda x: x.transpose(0, 1).reshape(shape=(-1,)),
+    "twice, the second a copy": lambda x: x.reshape(x.shape[0], x.shape[1], 2, 4).transpose(1, 2).reshape(x.shape[0], 2, -1),
+}
+
+
+@pytest.mark.parametrize("name", _RESHAPES)
+@pytest.mark.parametrize("traced_by", ["dynamo", "export"])
+def test_reshapes_of_symbolic_sizes_are_torchs_own(name, traced_by, monkeypatch):
+    """The reshape rule's view (`fxprop.rules.reshaping`) is torch's reshape."""
+    from fxprop.rules import reshaping
+    _check_symbolic_rule(_RESHAPES[name], traced_by, monkeypatch, reshaping, "viewable_on_sight",
+                         expected="a copy" not in name)
+
+
+_WEIGHT, _BIAS = torch.randn(6, 8), torch.randn(6)
+_LINEARS = {
+    "flattened": lambda x: F.linear(x, _WEIGHT, _BIAS),
+    "four dims": lambda x: F.linear(x.view(x.shape[0], x.shape[1], 2, 4).transpose(2, 3).contiguous(), _WEIGHT[:, :2], _BIAS),
+    "one output": lambda x: F.linear(x, _WEIGHT[:1], _BIAS[:1]),
+    "transposed input: not flattened": lambda x: F.linear(x.transpose(0, 1), _WEIGHT, _BIAS),
+    "no bias: not flattened": lambda x: F.linear(x, _WEIGHT),
+    "strided bias: not flattened": lambda x: F.linear(x, _WEIGHT, torch.randn(12)[::2]),
+    "mixed dtypes: not flattened": lambda x: F.linear(x, _WEIGHT.double(), _BIAS.double()),
+}
+
+
+@pytest.mark.parametrize("name", _LINEARS)
+@pytest.mark.parametrize("traced_by", ["dynamo", "export"])
+def test_linears_of_symbolic_sizes_are_torchs_own(name, traced_by, monkeypatch):
+    """The linear rule's flattened product (`fxprop.rules.linalg.linear`) is torch's linear."""
+    from fxprop.rules import linalg
+    _check_symbolic_rule(_LINEARS[name], traced_by, monkeypatch, linalg, "_flattens_on_sight",
+                         expected="not flattened" not in name)
+
+
+def _check_symbolic_rule(fn, traced_by, monkeypatch, module, decision, expected):
+    """``fn`` of a (B, T, 8) input traced by dynamo (``dynamic=True``) or exported with Dims: the
+    rule's answer where ``module.decision`` takes its own path (``expected``: whether the last call
+    does) equals dynamo's own values (its ShapeEnv proves the expressions equal), real execution
+    at the sizes' hints, the input viewed or copied as torch does, and torch's own answer (the
+    decision switched off), or torch's refusal."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    decided = []
+    decide = getattr(module, decision)
+    monkeypatch.setattr(module, decision, lambda *args: decided.append(decide(*args)) or decided[-1])
+
+    def same(a, b):
+        return statically_known_true(a == b) if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt) else a == b
+
+    def hint(size):
+        return size.node.hint if isinstance(size, torch.SymInt) else size
+
+    def outcome(graph):
+        output = next(node for node in graph.nodes if node.op == "output").args[0]
+        value = (output[0] if isinstance(output, (tuple, list)) else output).meta["val"]
+        source = next(node.meta["val"] for node in graph.nodes
+                      if node.op == "placeholder" and isinstance(node.meta["val"], torch.Tensor))
+        return value, value.untyped_storage()._cdata == source.untyped_storage()._cdata
+
+    example = torch.randn(3, 5, 8)
+    try:
+        real = fn(example)
+    except RuntimeError as refusal:
+        real = refusal
+
+    def propagated():
+        if traced_by == "dynamo":
+            found = []
+
+            def backend(gm, example_inputs):
+                try:
+                    fxprop.propagate(gm, *example_inputs)
+                except PropagationError as error:
+                    found.append(error.error_type)
+                    return gm.forward
+                ours, viewed = outcome(gm.graph)
+                theirs = next(node for node in gm.graph.nodes if node.op == "output").args[0][0].meta["example_value"]
+                assert ours.dim() == theirs.dim() and all(map(same, ours.shape, theirs.shape)) and all(
+                    same(a, b) for a, b, size in zip(ours.stride(), theirs.stride(), theirs.shape) if not same(size, 1))
+                found.append((ours, viewed))
+                return gm.forward
+
+            torch._dynamo.reset()
+            try:
+                torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)(example)
+            except RuntimeError:
+                pass  # the compiled call refuses as the real one does
+            return found[0]
+
+        class Calling(torch.nn.Module):
+            def forward(self, x):
+                return fn(x)
+        dims = {0: torch.export.Dim("B", min=2, max=64), 1: torch.export.Dim("T", min=3, max=64)}
+        program = torch.export.export(Calling(), (example,), dynamic_shapes=(dims,))
+        try:
+            fxprop.propagate(program)
+        except PropagationError as error:
+            return error.error_type
+        return outcome(program.graph)
+
+    ours = propagated()
+    assert decided and decided[-1] == expected
+    if isinstance(real, Exception):
+        assert ours is type(real)
+    else:
+        value, viewed = ours
+        assert [hint(size) for size in value.shape] == list(real.shape) and viewed == (real._base is example)
+        assert [hint(stride) for stride, size in zip(value.stride(), real.shape) if size > 1] == \
+            [stride for stride, size in zip(real.stride(), real.shape) if size > 1]
+    monkeypatch.setattr(module, decision, lambda *args: False)
+    theirs = propagated()
+    if isinstance(ours, tuple):
+        (value, viewed), (their_value, their_viewed) = ours, theirs
+        assert viewed == their_viewed and all(map(same, value.shape, their_value.shape)) and all(
+            same(a, b) for a, b, size in zip(value.stride(), their_value.stride(), value.shape) if not same(size, 1))
+    else:
+        assert ours is theirs

@@ -39,33 +39,47 @@ def view_strides(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence)
         return _view_strides_deciding(old_shape, old_stride, new_shape)
 
 
-def _view_strides_on_sight(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence) -> list | None:
+def _view_strides_on_sight(old_shape: Sequence, old_stride: Sequence, new_shape: Sequence,
+                           strides: bool = True) -> list | None:
     """`_view_strides_deciding` where the ShapeEnv's ranges decide every comparison (raises `_Undecided`
     where they do not): sizes compared as expressions, as torch would decide them statically, and
-    only the strides returned computed in SymInt arithmetic, by the same operations."""
+    only the strides returned computed in SymInt arithmetic, by the same operations (not at all
+    without ``strides``: the list then says only that the view exists)."""
     env = next((size.node.shape_env for size in (*old_shape, *old_stride, *new_shape)
                 if isinstance(size, torch.SymInt)), None)
-    new_stride = [0] * len(new_shape)
+    new_stride: list = [0] * len(new_shape)
     view_d = len(new_shape) - 1
     chunk_base_stride = old_stride[-1]
-    tensor_numel, view_numel = sympy.Integer(1), 1  # the tensor's as an expression only
+    tensor_numel = sympy.Integer(1)  # expressions, for the comparisons
+    view_count, view_numel = sympy.Integer(1), 1  # the view's as an expression, and in SymInt arithmetic
     for tensor_d in range(len(old_shape) - 1, -1, -1):
         tensor_numel = tensor_numel * _expression(old_shape[tensor_d])
         if tensor_d == 0 or (
                 _on_sight(env, sympy.Ne, _expression(old_shape[tensor_d - 1]), 1)
                 and _on_sight(env, sympy.Ne, _expression(old_stride[tensor_d - 1]),
                               tensor_numel * _expression(chunk_base_stride))):
-            while view_d >= 0 and (_on_sight(env, sympy.Lt, _expression(view_numel), tensor_numel)
+            while view_d >= 0 and (_on_sight(env, sympy.Lt, view_count, tensor_numel)
                                    or _on_sight(env, sympy.Eq, _expression(new_shape[view_d]), 1)):
-                new_stride[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_shape[view_d]
+                if strides:
+                    new_stride[view_d] = _times(view_numel, chunk_base_stride)
+                    view_numel = _times(view_numel, new_shape[view_d])
+                view_count = view_count * _expression(new_shape[view_d])
                 view_d -= 1
-            if _on_sight(env, sympy.Ne, _expression(view_numel), tensor_numel):
+            if _on_sight(env, sympy.Ne, view_count, tensor_numel):
                 return None
             if tensor_d > 0:
                 chunk_base_stride = old_stride[tensor_d - 1]
-                tensor_numel, view_numel = sympy.Integer(1), 1
+                tensor_numel, view_count, view_numel = sympy.Integer(1), sympy.Integer(1), 1
     return new_stride if view_d == -1 else None
+
+
+def _times(a: Any, b: Any) -> Any:
+    """``a * b``, without an operation where one is the int 1 (each SymInt operation is a call into python)."""
+    if type(a) is int and a == 1:
+        return b
+    if type(b) is int and b == 1:
+        return a
+    return a * b
 
 
 def _on_sight(env: Any, relation: type, a: sympy.Expr, b: Any) -> bool:
@@ -100,11 +114,18 @@ def _view_strides_deciding(old_shape: Sequence, old_stride: Sequence, new_shape:
 
 def plain_view(args: tuple) -> torch.Tensor | None:
     """``view(size)`` of a meta tensor with symbolic sizes, as `as_aten_views` lays out torch's result,
-    where the sizes make every check of torch's python view plain on sight: sizes asked for that are
-    ints or input sizes (never -1 by their ranges), their count of elements the source's (the same
-    product, or one -1 that divides it exactly), and a source with elements. The inferred size is
-    computed as torch computes it. Anything else returns None, and torch's view runs."""
+    where the sizes make every check of torch's python view plain on sight (`plain_view_sizes`).
+    Anything else returns None, and torch's view runs."""
     source, size = args[0], args[1] if len(args) == 2 else None
+    shape = plain_view_sizes(source, size)
+    return _strided_view(source, shape) if shape is not None else None
+
+
+def plain_view_sizes(source: torch.Tensor, size: Any) -> list | None:
+    """The sizes ``source.view(size)`` takes, where every check of torch's python view is plain on
+    sight: sizes asked for that are ints or input sizes (never -1 by their ranges), their count of
+    elements the source's (the same product, or one -1 that divides it exactly), and a source with
+    elements, of symbolic sizes. The inferred size is computed as torch computes it. None otherwise."""
     if not isinstance(size, (list, tuple)) or source.dim() == 0 or not size:
         return None
     numel = source.numel()
@@ -121,7 +142,7 @@ def plain_view(args: tuple) -> torch.Tensor | None:
             return None
     known_count = sympy.Mul(*(_expression(dim) for dim in known))
     if inferred is None:
-        return _strided_view(source, list(size)) if known_count == size_expression(numel) else None
+        return list(size) if known_count == size_expression(numel) else None
     if not (known_count.is_positive and (size_expression(numel) / known_count).is_integer):
         return None
     newsize = 1
@@ -129,7 +150,19 @@ def plain_view(args: tuple) -> torch.Tensor | None:
         newsize *= dim
     shape = list(size)
     shape[inferred] = numel // newsize
-    return _strided_view(source, shape)
+    return shape
+
+
+def viewable_on_sight(source: torch.Tensor, size: Any) -> bool:
+    """Whether ``source.view(size)`` succeeds, its checks (`plain_view_sizes`) and its strides (ATen's
+    ``computeStride``) decided by the ShapeEnv's ranges alone, without a guard."""
+    shape = plain_view_sizes(source, size)
+    if shape is None:
+        return False
+    try:
+        return _view_strides_on_sight(source.shape, source.stride(), shape, strides=False) is not None
+    except (_Undecided, *DATA_DEPENDENT_ERRORS):
+        return False
 
 
 def _strided_view(source: torch.Tensor, shape: list) -> torch.Tensor | None:

@@ -2,8 +2,7 @@
 
 ``add``, ``mul``, ``gelu``, ``where``, ``addmm``, ``native_layer_norm``,
 dtype conversions (``_to_copy``), their in-place forms (``relu_``, ``add_``) and the views that
-only rearrange sizes and strides
-(``transpose``, ``permute``, ``unsqueeze``, ``expand``) are most of a model's ops. Their meta
+only rearrange sizes and strides (`fxprop.kinds.direct_views`) are most of a model's ops. Their meta
 kernels are torch's python references and decompositions: hundreds of microseconds to
 milliseconds a call, each of their parts dispatched again. What they compute is simple: a
 broadcast shape, a promoted dtype, and the layout the real kernel gives (contiguous for the
@@ -253,98 +252,26 @@ def plain_broadcast(shapes: list) -> tuple | None:
                 continue
             if type(current) is int and current == 1:
                 result[offset + i] = size
-            elif not _same_size(current, size):
+            elif not same_size(current, size):
                 return None
     return tuple(result)
 
 
-def _same_size(a: Any, b: Any) -> bool:
+def same_size(a: Any, b: Any) -> bool:
     if type(a) is int and type(b) is int:
         return a == b
     return isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and size_expression(a) == size_expression(b)
 
 
 def same_sizes(shape: Any, other: tuple) -> bool:
-    return len(shape) == len(other) and all(_same_size(a, b) for a, b in zip(shape, other))
+    return len(shape) == len(other) and all(same_size(a, b) for a, b in zip(shape, other))
 
-
-# --- views that decide nothing ------------------------------------------------------------------
 
 def wrapped_dim(dim: Any, rank: int) -> int | None:
     """``dim`` wrapped into ``range(rank)``; None where torch refuses it (the meta kernel raises)."""
     if type(dim) is not int or not -max(rank, 1) <= dim < max(rank, 1):
         return None
     return dim % max(rank, 1)
-
-
-def _viewed(input: torch.Tensor, sizes: list, strides: list) -> torch.Tensor:
-    return input.as_strided(sizes, strides, input.storage_offset())
-
-
-def transpose(input: Any, dim0: Any, dim1: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or input.dim() == 0:
-        return None
-    first, second = wrapped_dim(dim0, input.dim()), wrapped_dim(dim1, input.dim())
-    if first is None or second is None:
-        return None
-    sizes, strides = list(input.shape), list(input.stride())
-    sizes[first], sizes[second] = sizes[second], sizes[first]
-    strides[first], strides[second] = strides[second], strides[first]
-    return _viewed(input, sizes, strides)
-
-
-def t(input: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or input.dim() > 2:
-        return None
-    return transpose(input, 0, 1) if input.dim() == 2 else _viewed(input, list(input.shape), list(input.stride()))
-
-
-def permute(input: Any, dims: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor) or not isinstance(dims, (list, tuple)) or len(dims) != input.dim():
-        return None
-    wrapped = [wrapped_dim(dim, input.dim()) for dim in dims]
-    if None in wrapped or sorted(wrapped) != list(range(input.dim())) or input.dim() == 0:
-        return None
-    sizes, strides = input.shape, input.stride()
-    return _viewed(input, [sizes[dim] for dim in wrapped], [strides[dim] for dim in wrapped])
-
-
-def unsqueeze(input: Any, dim: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor):
-        return None
-    at = wrapped_dim(dim, input.dim() + 1)
-    if at is None:
-        return None
-    sizes, strides = list(input.shape), list(input.stride())
-    strides.insert(at, 1 if at >= input.dim() else sizes[at] * strides[at])
-    sizes.insert(at, 1)
-    return _viewed(input, sizes, strides)
-
-
-def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | None:
-    """ATen's ``inferExpandGeometry``, right to left: sizes kept (-1 or the same), size-1 dims
-    broadcast at stride 0; a new leading dim of size 1 takes the stride of the dims after it."""
-    if not isinstance(input, torch.Tensor) or not isinstance(size, (list, tuple)) or len(size) < input.dim():
-        return None
-    rank, own_rank = len(size), input.dim()
-    sizes: list[Any] = [None] * rank
-    strides: list[Any] = [None] * rank
-    for i in range(rank - 1, -1, -1):
-        dim = own_rank - rank + i
-        own = input.shape[dim] if dim >= 0 else 1
-        stride = input.stride()[dim] if dim >= 0 else (sizes[i + 1] * strides[i + 1] if i + 1 < rank else 1)
-        target = size[i]
-        if type(target) is int and target == -1:
-            if dim < 0:
-                return None  # torch refuses -1 for a new dim
-            target = own
-        if not _same_size(own, target):
-            if not (type(own) is int and own == 1) or not (
-                    isinstance(target, torch.SymInt) or (type(target) is int and target >= 0)):
-                return None
-            stride = 0
-        sizes[i], strides[i] = target, stride
-    return _viewed(input, sizes, strides)
 
 
 # --- matrix products and normalization -------------------------------------------------------
@@ -362,7 +289,7 @@ def mm(self: Any, mat2: Any) -> torch.Tensor | None:
     if not (isinstance(self, torch.Tensor) and isinstance(mat2, torch.Tensor)) or self.dim() != 2 or mat2.dim() != 2:
         return None
     dtype = one_float(self, mat2)
-    if dtype is None or not _same_size(self.shape[1], mat2.shape[0]):
+    if dtype is None or not same_size(self.shape[1], mat2.shape[0]):
         return None
     return empty_contiguous((self.shape[0], mat2.shape[1]), dtype)
 
@@ -443,14 +370,6 @@ _FUNCTIONAL: dict[Any, Callable[..., Any]] = {
     aten.native_dropout.default: native_dropout,
     aten._to_copy.default: to_copy,
 }
-# Their in-place forms (t_, unsqueeze_) change self's sizes: they run their kernels.
-_VIEWS: dict[Any, Callable[..., Any]] = {
-    aten.transpose.int: transpose,
-    aten.t.default: t,
-    aten.permute.default: permute,
-    aten.unsqueeze.default: unsqueeze,
-    aten.expand.default: expand,
-}
 
 
 def in_place_forms(functional: dict[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
@@ -472,7 +391,7 @@ def _in_place_of(compute: Callable[..., Any]) -> Callable[..., Any]:
     return in_place
 
 
-DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **_VIEWS, **in_place_forms(_FUNCTIONAL)}
+DIRECT: dict[Any, Callable[..., Any]] = {**_FUNCTIONAL, **in_place_forms(_FUNCTIONAL)}
 
 
 def direct_result(op: Any, args: tuple, kwargs: dict, table: dict[Any, Callable[..., Any]] = DIRECT) -> Any:

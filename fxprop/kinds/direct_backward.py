@@ -1,4 +1,4 @@
-"""Results of the backward kernels of softmax and layer norm computed directly.
+"""Results of the backward kernels of softmax, layer norm and slicing computed directly.
 
 Under symbolic sizes their meta kernels are torch's python decompositions, each part dispatched
 again: ten to twenty-five milliseconds a call in a training graph. What the kernels allocate is
@@ -6,11 +6,12 @@ plain. ``_softmax_backward_data`` and ``_log_softmax_backward_data`` give a cont
 the grad's sizes and dtype (``TORCH_META_FUNC(_softmax_backward_data)``);
 ``native_layer_norm_backward`` a contiguous input grad (``layer_norm_backward_cpu`` and ``_cuda``
 make their input contiguous first) and weight and bias grads of the parameters' sizes, each only
-where ``output_mask`` asks for it.
+where ``output_mask`` asks for it; ``slice_backward`` zeros of the input's sizes (contiguous, of the
+grad's dtype) with the grad copied into the slice, broadcast as ``copy_`` broadcasts it.
 
-As in `fxprop.kinds.direct`, only plain calls take the shortcut: one floating dtype everywhere,
-sizes equal on sight, a dim in range. Anything else returns None and the meta kernel runs, checks
-and raises as before.
+As in `fxprop.kinds.direct`, only plain calls take the shortcut: sizes equal on sight, a dim in
+range, and one floating dtype everywhere for softmax and layer norm. Anything else returns None
+and the meta kernel runs, checks and raises as before.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from typing import Any, Callable
 import torch
 
 from ..symbolic import known_laid_out_in
-from .direct import FULL_PRECISION, contiguous_result, one_float, same_sizes, wrapped_dim
+from ..torch_compat import canonicalize_dim, check, check_index
+from .direct import (FULL_PRECISION, contiguous_result, empty_contiguous, one_float, plain_broadcast, same_sizes,
+                     wrapped_dim)
+from .direct_views import slice_bounds
 
 aten = torch.ops.aten
 
@@ -65,8 +69,37 @@ def native_layer_norm_backward(grad_out: Any, input: Any, normalized_shape: Any,
             torch.empty(normalized, dtype=input.dtype, device="meta") if want_bias else None)
 
 
+def slice_backward(grad_output: Any, input_sizes: Any, dim: Any, start: Any, end: Any, step: Any) -> torch.Tensor | None:
+    """Bounds that decide nothing (`slice_bounds`), and a grad that ``copy_`` broadcasts into the
+    slice on sight: the result; one it cannot broadcast there is refused as ``copy_`` refuses it
+    (torch's decomposition, ``slice_scatter``, accepts some). Anything else is the meta kernel's."""
+    if not isinstance(grad_output, torch.Tensor) or not isinstance(input_sizes, (list, tuple)) or \
+            type(step) is not int or type(dim) is not int or \
+            not all(isinstance(size, torch.SymInt) or (type(size) is int and size >= 0) for size in input_sizes):
+        return None
+    # The kernel slices zeros of the input's sizes: slice's own refusals, in its order (torch's
+    # decomposition makes none of them).
+    check_index(len(input_sizes) > 0, lambda: "slice() cannot be applied to a 0-dim tensor.")
+    at = canonicalize_dim(len(input_sizes), dim)
+    check(step > 0, lambda: "slice step must be positive")
+    bounds = slice_bounds(input_sizes[at], start, end)
+    if bounds is None or (step != 1 and type(input_sizes[at]) is not int):
+        return None
+    sliced = list(input_sizes)
+    sliced[at] = (bounds[1] - bounds[0] + step - 1) // step if step != 1 else bounds[1] - bounds[0]
+    broadcast = plain_broadcast([tuple(grad_output.shape), tuple(sliced)])
+    if broadcast is None:
+        if all(type(size) is int for size in (*grad_output.shape, *sliced)):
+            torch.broadcast_shapes(tuple(grad_output.shape), tuple(sliced))  # raises copy_'s RuntimeError
+        return None
+    if not same_sizes(broadcast, tuple(sliced)):
+        raise RuntimeError(f"output with shape {sliced} doesn't match the broadcast shape {list(broadcast)}")
+    return empty_contiguous(tuple(input_sizes), grad_output.dtype)
+
+
 DIRECT_BACKWARD: dict[Any, Callable[..., Any]] = {
     aten._softmax_backward_data.default: softmax_backward_data,
     aten._log_softmax_backward_data.default: softmax_backward_data,
     aten.native_layer_norm_backward.default: native_layer_norm_backward,
+    aten.slice_backward.default: slice_backward,
 }

@@ -9,9 +9,10 @@ from .direct_contiguous import DIRECT_CONTIGUOUS
 from .direct_normalization import DIRECT_NORMALIZATION
 from .direct_pointwise import DIRECT_POINTWISE
 from .direct_reductions import DIRECT_REDUCTIONS
+from .direct_views import DIRECT_VIEWS
 
 SHORTCUTS = {**DIRECT, **DIRECT_BACKWARD, **DIRECT_CONTIGUOUS, **DIRECT_NORMALIZATION, **DIRECT_POINTWISE,
-             **DIRECT_REDUCTIONS}
+             **DIRECT_REDUCTIONS, **DIRECT_VIEWS}
 
 
 def shortcut_result(op: Any, args: tuple, kwargs: dict) -> Any:

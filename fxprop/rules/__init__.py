@@ -8,6 +8,7 @@
 | sorting and searching (sort, bucketize) | `sorting.py` |
 | random sampling (multinomial, uniform) | `sampling.py` |
 | moving and joining elements (roll, cat, stack) | `movement.py` |
+| reshaping (reshape: a view where the sizes allow one) | `reshaping.py` |
 | matrix products | `linalg.py` |
 | triangular parts of matrices (tril, triu) | `triangular.py` |
 | indexing (index_select, index_add, boolean masks, masked_scatter) | `indexing.py` |
@@ -27,7 +28,7 @@ Which rule handles a call, these or torch's own kernels, is decided by `fxprop.r
 """
 from ..resolve.registry import registered_rules, rule, target_name, unregister
 from . import (attention, collectives, conv, data_dependent, elementwise, histograms, indexing, linalg, movement,  # noqa: F401
-               normalization, global_state, optimizers, pooling, recurrent, reductions, sampling, sorting,
+               normalization, global_state, optimizers, pooling, recurrent, reductions, reshaping, sampling, sorting,
                triangular, upsample)
 from . import higher_order  # noqa: F401
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import symbolic
 from ..engine import session as context
 from ..resolve.registry import rule
+from ..symbolic import known_laid_out_in
 from ..torch_compat import check
 
 aten = torch.ops.aten
@@ -42,6 +44,33 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     if mat1.dim() == 2 and mat2.dim() == 2:
         _self_expands_to(self, mat1.shape[0], mat2.shape[1])
     return aten.addmm.default(self, mat1, mat2, beta=beta, alpha=alpha)
+
+
+@rule(aten.linear.default, torch.nn.functional.linear)
+def linear(input, weight, bias=None):
+    """ATen's linear of an input of three or more dims, known contiguous, by a matrix and a vector
+    bias, flattens it (``_flatten_nd_linear``): a view of the input as rows, ``addmm`` of the bias,
+    the rows and the weight transposed, and a view back. With symbolic sizes ATen decides and
+    computes that in SymInt arithmetic through python, and reshapes through torch's python view:
+    there, the same ops are called here, their sizes as expressions. Anything else, and every
+    linear of concrete sizes, runs torch's own."""
+    if not _flattens_on_sight(input, weight, bias):
+        return torch.nn.functional.linear(input, weight, bias)
+    sizes = input.shape
+    rows = sizes[0]
+    for size in sizes[1:-1]:
+        rows = rows * size
+    product = aten.addmm.default(bias, aten.view.default(input, [rows, sizes[-1]]), aten.t.default(weight))
+    return aten.view.default(product, [*sizes[:-1], product.shape[1]])
+
+
+def _flattens_on_sight(input, weight, bias) -> bool:
+    tensors = (input, weight, bias)
+    return (all(type(tensor) is torch.Tensor for tensor in tensors) and symbolic.current().active
+            and input.dim() >= 3 and weight.dim() == 2 and bias.dim() == 1
+            and len({tensor.dtype for tensor in tensors}) == 1 and input.dtype.is_floating_point
+            and type(bias.stride(0)) is int and (bias.stride(0) == 1 or bias.shape[0] == 1)
+            and known_laid_out_in(input.shape, input.stride(), torch.contiguous_format))
 
 
 @rule(aten.mv.default)
