@@ -856,3 +856,53 @@ def test_shifts_of_floats_on_a_cuda_target_have_no_kernel(operator_):
     assert refusal.value.error_type is NotImplementedError
     out = fxprop.propagate(gm, fxprop.TensorSpec((2, 3), dtype=torch.int32, device="cuda"))
     assert (out.dtype, out.device) == (torch.int32, torch.device("cuda", 0))
+
+
+_RESHAPE_AND_LINEAR_SPELLINGS = [
+    ("call_function", torch.reshape, (-1,), {}), ("call_function", torch.reshape, (2, -1), {}),
+    ("call_function", torch.reshape, (), {"shape": -1}), ("call_function", torch.ops.aten.reshape.default, (-1,), {}),
+    ("call_function", torch.ops.aten.reshape.default, (), {"shape": [-1]}),
+    ("call_method", "reshape", (), {"shape": -1}), ("call_method", "reshape", ((2, 3), 4), {}),
+    ("call_method", "reshape", (True, -1), {}), ("call_method", "reshape", (), {"shape": (-1,)}),
+    ("call_function", torch.Tensor.reshape, (), {"shape": -1}), ("call_function", torch.Tensor.reshape, (-1, 6), {}),
+    ("call_function", F.linear, (), {}), ("call_function", F.linear, (torch.ones(3, 6),), {"bias": torch.ones(3)}),
+    ("call_function", torch.ops.aten.linear.default, (torch.ones(3, 6),), {"bias": torch.ones(4)}),
+]
+
+
+@pytest.mark.parametrize("op, target, args, kwargs", _RESHAPE_AND_LINEAR_SPELLINGS,
+                         ids=[f"{target}-{args}-{kwargs}" for _, target, args, kwargs in _RESHAPE_AND_LINEAR_SPELLINGS])
+@pytest.mark.parametrize("sizes", ["static", "symbolic"])
+def test_reshapes_and_linears_spelled_any_way_refuse_as_real_execution(op, target, args, kwargs, sizes):
+    """The rules of `fxprop.rules.reshaping` and `linalg.linear` take a call torch takes, and leave a
+    call it refuses (an int shape, sizes spread where a sequence is due, bools, missing or wrong
+    weights) to torch, whose refusal is the model's error, of real execution's type."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    graph, root = torch.fx.Graph(), torch.nn.Module()
+    x = graph.placeholder("x")
+
+    def attribute(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = f"constant{len(root._buffers)}"
+        root.register_buffer(name, value)
+        return graph.get_attr(name)
+    graph.output(graph.create_node(op, target, (x, *map(attribute, args)),
+                                   {key: attribute(value) for key, value in kwargs.items()}))
+    gm = torch.fx.GraphModule(root, graph)
+    example = torch.randn(1, 4, 6)
+    try:
+        real = tuple(gm(example).shape)
+    except (TypeError, RuntimeError) as error:
+        real = type(error)
+    if sizes == "symbolic":
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC])
+        example = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(example, symbolic_context=context)
+    try:
+        ours = fxprop.propagate(gm, example)
+    except fxprop.PropagationError as error:
+        assert error.error_type is real
+    else:
+        assert [size.node.hint if isinstance(size, torch.SymInt) else size for size in ours.shape] == list(real)

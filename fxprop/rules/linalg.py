@@ -12,6 +12,7 @@ import torch
 
 from .. import symbolic
 from ..engine import session as context
+from ..engine.blame import boundary
 from ..resolve.registry import rule
 from ..symbolic import known_laid_out_in
 from ..torch_compat import check
@@ -46,16 +47,27 @@ def addmm(self, mat1, mat2, *, beta=1, alpha=1):
     return aten.addmm.default(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
-@rule(aten.linear.default, torch.nn.functional.linear)
-def linear(input, weight, bias=None):
+@rule(aten.linear.default)
+def linear(*args, **kwargs):
     """ATen's linear of an input of three or more dims, known contiguous, by a matrix and a vector
     bias, flattens it (``_flatten_nd_linear``): a view of the input as rows, ``addmm`` of the bias,
     the rows and the weight transposed, and a view back. With symbolic sizes ATen decides and
     computes that in SymInt arithmetic through python, and reshapes through torch's python view:
-    there, the same ops are called here, their sizes as expressions. Anything else, and every
-    linear of concrete sizes, runs torch's own."""
-    if not _flattens_on_sight(input, weight, bias):
-        return torch.nn.functional.linear(input, weight, bias)
+    there, the same ops are called here, their sizes as expressions. Anything else, every linear
+    of concrete sizes and every call spelled otherwise than ``linear(input, weight, bias)``, runs
+    torch's own."""
+    return _flattened_or_torchs_own(aten.linear.default, args, kwargs)
+
+
+@rule(torch.nn.functional.linear)
+def functional_linear(*args, **kwargs):
+    return _flattened_or_torchs_own(torch.nn.functional.linear, args, kwargs)
+
+
+def _flattened_or_torchs_own(linear: Any, args: tuple, kwargs: dict) -> Any:
+    if kwargs or len(args) != 3 or not _flattens_on_sight(*args):
+        return _torchs_own(linear, args, kwargs)
+    input, weight, bias = args
     sizes = input.shape
     rows = sizes[0]
     for size in sizes[1:-1]:
@@ -64,13 +76,18 @@ def linear(input, weight, bias=None):
     return aten.view.default(product, [*sizes[:-1], product.shape[1]])
 
 
-def _flattens_on_sight(input, weight, bias) -> bool:
+def _flattens_on_sight(input: Any, weight: Any, bias: Any) -> bool:
     tensors = (input, weight, bias)
     return (all(type(tensor) is torch.Tensor for tensor in tensors) and symbolic.current().active
             and input.dim() >= 3 and weight.dim() == 2 and bias.dim() == 1
             and len({tensor.dtype for tensor in tensors}) == 1 and input.dtype.is_floating_point
-            and type(bias.stride(0)) is int and (bias.stride(0) == 1 or bias.shape[0] == 1)
+            and type(bias.stride(0)) is int and type(bias.shape[0]) is int and (bias.stride(0) == 1 or bias.shape[0] == 1)
             and known_laid_out_in(input.shape, input.stride(), torch.contiguous_format))
+
+
+@boundary
+def _torchs_own(op: Any, args: tuple, kwargs: dict) -> Any:
+    return op(*args, **kwargs)
 
 
 @rule(aten.mv.default)

@@ -4,55 +4,64 @@ ATen's reshape is the view of its input wherever ``computeStride`` finds strides
 (always for a contiguous input), and a contiguous copy viewed otherwise. With symbolic sizes it
 decides that in SymInt arithmetic, each operation a call into python: about a millisecond a
 reshape. Where the view is decided on sight (`viewable_on_sight`), the reshape is that view, which
-fxprop's view computes on expressions; anything else, and every reshape of concrete sizes, runs
-torch's own.
+fxprop's view computes on expressions; anything else, every reshape of concrete sizes and every
+call spelled otherwise than ``reshape(x, sizes)`` (or ``x.reshape(*sizes)``), runs torch's own,
+which refuses what torch refuses.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .. import symbolic
 from ..aten.view_strides import viewable_on_sight
+from ..engine.blame import boundary
 from ..resolve.registry import rule
 
 aten = torch.ops.aten
 
 
-@rule(aten.reshape.default, torch.reshape)
-def reshape(input, shape):
-    viewed = _view_decided_on_sight(input, shape)
-    return viewed if viewed is not None else torch.reshape(input, shape)
+@rule(aten.reshape.default)
+def reshape(*args, **kwargs):
+    return _view_or_torchs_own(aten.reshape.default, args, kwargs)
+
+
+@rule(torch.reshape)
+def torch_reshape(*args, **kwargs):
+    return _view_or_torchs_own(torch.reshape, args, kwargs)
 
 
 @rule(torch.Tensor.reshape)
-def tensor_reshape(self, *shape, **kwargs):
-    viewed = _view_decided_on_sight(self, _sizes_asked(shape, kwargs))
-    return viewed if viewed is not None else torch.Tensor.reshape(self, *shape, **kwargs)
+def tensor_reshape(*args, **kwargs):
+    return _view_or_torchs_own(torch.Tensor.reshape, args, kwargs, sizes_spread=True)
 
 
 @rule("reshape")
-def reshape_method(self, *shape, **kwargs):
+def reshape_method(*args, **kwargs):
     """``x.reshape(...)``: a tensor's reshape, or the method of whatever else ``x`` is."""
-    viewed = _view_decided_on_sight(self, _sizes_asked(shape, kwargs))
-    return viewed if viewed is not None else self.reshape(*shape, **kwargs)
+    return _view_or_torchs_own(_method, args, kwargs, sizes_spread=True)
 
 
-def _view_decided_on_sight(input: Any, size: Any) -> torch.Tensor | None:
-    if (type(input) is torch.Tensor and isinstance(size, (list, tuple)) and symbolic.current().active
-            and viewable_on_sight(input, size)):
-        return aten.view.default(input, list(size))
-    return None
+def _method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return self.reshape(*args, **kwargs)
 
 
-def _sizes_asked(shape: tuple, kwargs: dict) -> list | None:
-    """The sizes of ``x.reshape(*shape, **kwargs)`` in each of its spellings (``x.reshape(2, 3)``,
-    ``x.reshape((2, 3))``, ``shape=``); None for anything else."""
-    if kwargs:
-        if shape or set(kwargs) != {"shape"}:
-            return None
-        shape = (kwargs["shape"],)
-    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
-        shape = tuple(shape[0])
-    return list(shape) if all(type(dim) is int or isinstance(dim, torch.SymInt) for dim in shape) else None
+def _view_or_torchs_own(reshape: Callable, args: tuple, kwargs: dict, sizes_spread: bool = False) -> Any:
+    """``reshape(*args, **kwargs)`` as the view it is where that is decided on sight. ``sizes_spread``:
+    the sizes may come as separate arguments (``x.reshape(2, 3)``)."""
+    if not kwargs and len(args) >= 2 and type(args[0]) is torch.Tensor and symbolic.current().active:
+        input, sizes = args[0], args[1:]
+        if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+            sizes = sizes[0]
+        elif not sizes_spread:
+            sizes = None
+        if sizes is not None and all(type(size) is int or isinstance(size, torch.SymInt) for size in sizes) \
+                and viewable_on_sight(input, sizes):
+            return aten.view.default(input, list(sizes))
+    return _torchs_own(reshape, args, kwargs)
+
+
+@boundary
+def _torchs_own(reshape: Callable, args: tuple, kwargs: dict) -> Any:
+    return reshape(*args, **kwargs)
