@@ -626,3 +626,27 @@ def test_inference_mode_is_part_of_the_key():
             real = _product_summed(torch.randn(4), torch.randn(4, requires_grad=True))
             out = fxprop.propagate(gm, TensorSpec((4,)), TensorSpec((4,), requires_grad=True), cache=memo)
         assert out.requires_grad == real.requires_grad == (not inference)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 8), ("B", "T", 8)])
+def test_a_view_made_under_no_grad_stays_restricted_on_a_hit(shape):
+    """``F.linear`` of a 3-D input under no_grad returns a view of its ``addmm``, made in no_grad
+    mode: modifying it in place with an operand that needs grad is refused. The second of two
+    identical calls is a hit, which must not rebuild it as a fresh tensor autograd lets be modified."""
+    graph = torch.fx.Graph()
+    x, w, b, s = (graph.placeholder(name) for name in "xwbs")
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    first = graph.call_function(F.linear, (x, w, b))
+    second = graph.call_function(F.linear, (x, w, b))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    graph.output((first, graph.call_method("add_", (second, s))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    real = (torch.randn(3, 5, 8), torch.randn(6, 8), torch.randn(6), torch.randn((), requires_grad=True))
+    with pytest.raises(RuntimeError, match="no_grad"):
+        gm(*real)
+    fxprop.rule_cache.clear()
+    for _ in range(3):  # the call computed, then kept and replayed
+        with pytest.raises(fxprop.PropagationError, match="no_grad") as refused:
+            fxprop.propagate(gm, TensorSpec(shape), TensorSpec((6, 8)), TensorSpec((6,)),
+                             TensorSpec((), requires_grad=True))
+        assert refused.value.error_type is RuntimeError

@@ -906,3 +906,27 @@ def test_reshapes_and_linears_spelled_any_way_refuse_as_real_execution(op, targe
         assert error.error_type is real
     else:
         assert [size.node.hint if isinstance(size, torch.SymInt) else size for size in ours.shape] == list(real)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint16, torch.float32])
+@pytest.mark.parametrize("linear", [F.linear, torch.ops.aten.linear.default])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_asks_the_cpu_kernel_of_its_dtype(dtype, linear, bias):
+    """A node's linear runs the fxprop rule, which hands concrete sizes back to torch's composite;
+    the CPU's addmm has no bool or uint16 form (NotImplementedError), which is asked as for any
+    composite a node calls."""
+    shapes = [(2, 3, 4), (5, 4)] + ([(5,)] if bias else [])
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(linear, tuple(graph.placeholder(f"x{i}") for i in range(len(shapes)))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    try:
+        gm(*(torch.ones(shape, dtype=dtype) for shape in shapes))
+        real = None
+    except NotImplementedError as refusal:
+        real = type(refusal)
+    try:
+        fxprop.propagate(gm, *(fxprop.TensorSpec(shape, dtype=dtype) for shape in shapes))
+    except fxprop.PropagationError as refused:
+        assert refused.error_type is real
+    else:
+        assert real is None

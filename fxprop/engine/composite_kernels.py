@@ -19,6 +19,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..aten.host_dtypes import check_cpu_kernel_dtypes
+from .blame import boundary
 from ..call import Call
 from ..torch_compat import OpOverload, OpOverloadPacket, is_composite_implicit, overload_for_call, schema_of
 
@@ -33,6 +34,27 @@ def may_run_a_kernel_of_its_own(call: Call, device: torch.device | None) -> bool
     return (device is not None and device.type == "cpu"
             and any(t.dtype not in _COMMON_FLOATS for t in call.tensors)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors)))
+
+
+def call_composite(target: Any, args: tuple, kwargs: dict, device: torch.device | None) -> Any:
+    """``target(*args, **kwargs)`` (a method name: ``args[0]``'s method), a composite called on
+    ``device`` (a node's own call, or one a rule hands back to torch), the CPU kernels it may reach
+    asked where `may_run_a_kernel_of_its_own`."""
+    if not may_run_a_kernel_of_its_own(Call(target, args, kwargs), device):
+        return _called(target, args, kwargs)
+    if isinstance(target, OpOverload):
+        value = _called(target, args, kwargs)
+        check_composite_kernel(target, args, kwargs, value)
+        return value
+    with composite_kernels_asked():
+        return _called(target, args, kwargs)
+
+
+@boundary
+def _called(target: Any, args: tuple, kwargs: dict) -> Any:
+    if isinstance(target, str):
+        return getattr(args[0], target)(*args[1:], **kwargs)
+    return target(*args, **kwargs)
 
 
 def check_composite_kernel(op: OpOverload, args: tuple, kwargs: dict, result: Any) -> None:

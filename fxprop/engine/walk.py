@@ -11,7 +11,7 @@ import torch.fx
 
 from .. import symbolic, torch_compat
 from .blame import blame, boundary
-from .composite_kernels import check_composite_kernel, composite_kernels_asked, may_run_a_kernel_of_its_own
+from .composite_kernels import call_composite
 from ..memo.cache import same_result
 from ..memo.purity import reads_process_state
 from ..memo.replay import NodeRecording, template
@@ -302,8 +302,8 @@ class GraphWalk:
             else:
                 if sharding is not None:
                     value = _invoke_with_dtensors(call_target, call_args, call_kwargs)
-                elif rule.composite and may_run_a_kernel_of_its_own(call, device):
-                    value = _invoke_asking_composite_kernels(call_target, call_args, call_kwargs)
+                elif rule.composite:
+                    value = call_composite(call_target, call_args, call_kwargs, device)
                 else:
                     value = _invoke(call_target, call_args, call_kwargs)
                 if rule.composite:
@@ -384,16 +384,6 @@ def _invoke(target: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(target, str):
         return getattr(args[0], target)(*args[1:], **kwargs)
     return target(*args, **kwargs)
-
-
-def _invoke_asking_composite_kernels(target: Any, args: tuple, kwargs: dict) -> Any:
-    """`_invoke` of a composite that may reach a CompositeImplicitAutograd op's own CPU kernel."""
-    if isinstance(target, torch_compat.OpOverload):
-        value = _invoke(target, args, kwargs)
-        check_composite_kernel(target, args, kwargs, value)
-        return value
-    with composite_kernels_asked():
-        return _invoke(target, args, kwargs)
 
 
 def _invoke_with_dtensors(target: Any, args: tuple, kwargs: dict) -> Any:

@@ -23,7 +23,7 @@ def _viewed(input: torch.Tensor, sizes: list, strides: list) -> torch.Tensor:
 
 
 def alias(input: Any) -> torch.Tensor | None:
-    if not isinstance(input, torch.Tensor):
+    if type(input) is not torch.Tensor:  # a parameter (a lazy module's, uninitialized, has no sizes yet)
         return None
     return _viewed(input, list(input.shape), list(input.stride()))
 

@@ -202,8 +202,9 @@ def recipe(value: Any, inputs: list[torch.Tensor]) -> Any:
             return None if shares_storage else record
         aliased = [index for index, tensor in enumerate(inputs) if _same_base(value, tensor)]
         if not aliased:
-            # a view of an intermediate the graph never sees: a fresh tensor is as good
-            return None if shares_storage else record
+            # a view of an intermediate the graph never sees: a fresh tensor is as good, unless
+            # autograd restricts the view in place (made under no_grad: ``F.linear``'s result)
+            return None if shares_storage or autograd_restricts_in_place(value) else record
         if len(aliased) > 1:
             return None  # inputs viewing one base (``meshgrid(y[:3], y)``): the key does not say which it views
         index = aliased[0]

@@ -12,7 +12,7 @@ import torch
 
 from .. import symbolic
 from ..engine import session as context
-from ..engine.blame import boundary
+from ..engine.composite_kernels import call_composite
 from ..resolve.registry import rule
 from ..symbolic import known_laid_out_in
 from ..torch_compat import check
@@ -81,13 +81,12 @@ def _flattens_on_sight(input: Any, weight: Any, bias: Any) -> bool:
     return (all(type(tensor) is torch.Tensor for tensor in tensors) and symbolic.current().active
             and input.dim() >= 3 and weight.dim() == 2 and bias.dim() == 1
             and len({tensor.dtype for tensor in tensors}) == 1 and input.dtype.is_floating_point
-            and type(bias.stride(0)) is int and type(bias.shape[0]) is int and (bias.stride(0) == 1 or bias.shape[0] == 1)
+            and type(bias.stride(0)) is int and (bias.stride(0) == 1 or (type(bias.shape[0]) is int and bias.shape[0] == 1))
             and known_laid_out_in(input.shape, input.stride(), torch.contiguous_format))
 
 
-@boundary
 def _torchs_own(op: Any, args: tuple, kwargs: dict) -> Any:
-    return op(*args, **kwargs)
+    return call_composite(op, args, kwargs, context.node_device())
 
 
 @rule(aten.mv.default)

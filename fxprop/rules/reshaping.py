@@ -16,7 +16,8 @@ import torch
 
 from .. import symbolic
 from ..aten.view_strides import viewable_on_sight
-from ..engine.blame import boundary
+from ..engine import session as context
+from ..engine.composite_kernels import call_composite
 from ..resolve.registry import rule
 
 aten = torch.ops.aten
@@ -62,6 +63,5 @@ def _view_or_torchs_own(reshape: Callable, args: tuple, kwargs: dict, sizes_spre
     return _torchs_own(reshape, args, kwargs)
 
 
-@boundary
 def _torchs_own(reshape: Callable, args: tuple, kwargs: dict) -> Any:
-    return reshape(*args, **kwargs)
+    return call_composite(reshape, args, kwargs, context.node_device())
