@@ -27,7 +27,7 @@ from ..devices import device_of, tag
 from ..call import Call, tensors_of
 from .purity import is_pure, returns_several_views
 from ..errors import FallbackLimitError
-from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place, below_autograd_views,
+from ..torch_compat import (DelayedError, allocations_measurable, autograd_restricts_in_place,
                             creation_meta, functorch_depth, has_symbolic_sizes, is_view, meta_over_storage_of,
                             storage_key, view_base)
 

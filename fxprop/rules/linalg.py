@@ -8,6 +8,8 @@ result of mat_a's dtype; and on a build without CUDA the meta kernel allocates i
 contiguous, where the CPU kernel pads the rows of its result to 16 bytes as CUDA's does."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import symbolic
@@ -66,7 +68,7 @@ def functional_linear(*args, **kwargs):
 
 def _flattened_or_torchs_own(linear: Any, args: tuple, kwargs: dict) -> Any:
     if kwargs or len(args) != 3 or not _flattens_on_sight(*args):
-        return _torchs_own(linear, args, kwargs)
+        return call_composite(linear, args, kwargs, context.node_device())
     input, weight, bias = args
     sizes = input.shape
     rows = sizes[0]
@@ -83,10 +85,6 @@ def _flattens_on_sight(input: Any, weight: Any, bias: Any) -> bool:
             and len({tensor.dtype for tensor in tensors}) == 1 and input.dtype.is_floating_point
             and type(bias.stride(0)) is int and (bias.stride(0) == 1 or (type(bias.shape[0]) is int and bias.shape[0] == 1))
             and known_laid_out_in(input.shape, input.stride(), torch.contiguous_format))
-
-
-def _torchs_own(op: Any, args: tuple, kwargs: dict) -> Any:
-    return call_composite(op, args, kwargs, context.node_device())
 
 
 @rule(aten.mv.default)

@@ -41,16 +41,12 @@ def tensor_reshape(*args, **kwargs):
 @rule("reshape")
 def reshape_method(*args, **kwargs):
     """``x.reshape(...)``: a tensor's reshape, or the method of whatever else ``x`` is."""
-    return _view_or_torchs_own(_method, args, kwargs, sizes_spread=True)
+    return _view_or_torchs_own("reshape", args, kwargs, sizes_spread=True)
 
 
-def _method(self: Any, *args: Any, **kwargs: Any) -> Any:
-    return self.reshape(*args, **kwargs)
-
-
-def _view_or_torchs_own(reshape: Callable, args: tuple, kwargs: dict, sizes_spread: bool = False) -> Any:
-    """``reshape(*args, **kwargs)`` as the view it is where that is decided on sight. ``sizes_spread``:
-    the sizes may come as separate arguments (``x.reshape(2, 3)``)."""
+def _view_or_torchs_own(reshape: Callable | str, args: tuple, kwargs: dict, sizes_spread: bool = False) -> Any:
+    """``reshape(*args, **kwargs)`` (a method name: ``args[0]``'s method) as the view it is where that
+    is decided on sight. ``sizes_spread``: the sizes may come as separate arguments (``x.reshape(2, 3)``)."""
     if not kwargs and len(args) >= 2 and type(args[0]) is torch.Tensor and symbolic.current().active:
         input, sizes = args[0], args[1:]
         if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
@@ -60,8 +56,4 @@ def _view_or_torchs_own(reshape: Callable, args: tuple, kwargs: dict, sizes_spre
         if sizes is not None and all(type(size) is int or isinstance(size, torch.SymInt) for size in sizes) \
                 and viewable_on_sight(input, sizes):
             return aten.view.default(input, list(sizes))
-    return _torchs_own(reshape, args, kwargs)
-
-
-def _torchs_own(reshape: Callable, args: tuple, kwargs: dict) -> Any:
     return call_composite(reshape, args, kwargs, context.node_device())
