@@ -23,7 +23,7 @@ from ..symbolic import known_laid_out_in
 from ..torch_compat import canonicalize_dim, check, check_index
 from .direct import (FULL_PRECISION, contiguous_result, empty_contiguous, one_float, plain_broadcast, same_sizes,
                      wrapped_dim)
-from .direct_views import slice_bounds
+from .direct_views import slice_extent
 
 aten = torch.ops.aten
 
@@ -70,7 +70,7 @@ def native_layer_norm_backward(grad_out: Any, input: Any, normalized_shape: Any,
 
 
 def slice_backward(grad_output: Any, input_sizes: Any, dim: Any, start: Any, end: Any, step: Any) -> torch.Tensor | None:
-    """Bounds that decide nothing (`slice_bounds`), and a grad that ``copy_`` broadcasts into the
+    """Bounds that decide nothing (`slice_extent`), and a grad that ``copy_`` broadcasts into the
     slice on sight: the result; one it cannot broadcast there is refused as ``copy_`` refuses it
     (torch's decomposition, ``slice_scatter``, accepts some). Anything else is the meta kernel's."""
     if not isinstance(grad_output, torch.Tensor) or not isinstance(input_sizes, (list, tuple)) or \
@@ -82,11 +82,11 @@ def slice_backward(grad_output: Any, input_sizes: Any, dim: Any, start: Any, end
     check_index(len(input_sizes) > 0, lambda: "slice() cannot be applied to a 0-dim tensor.")
     at = canonicalize_dim(len(input_sizes), dim)
     check(step > 0, lambda: "slice step must be positive")
-    bounds = slice_bounds(input_sizes[at], start, end)
-    if bounds is None or (step != 1 and type(input_sizes[at]) is not int):
+    extent = slice_extent(input_sizes[at], start, end, step)
+    if extent is None:
         return None
     sliced = list(input_sizes)
-    sliced[at] = (bounds[1] - bounds[0] + step - 1) // step if step != 1 else bounds[1] - bounds[0]
+    sliced[at] = extent[1]
     broadcast = plain_broadcast([tuple(grad_output.shape), tuple(sliced)])
     if broadcast is None:
         if all(type(size) is int for size in (*grad_output.shape, *sliced)):

@@ -1,7 +1,7 @@
 """Views that decide nothing, computed directly: ``transpose``, ``t``, ``permute``, ``unsqueeze``,
 ``expand``, ``slice``, and ``alias`` and ``detach`` (the input's own geometry). Each rearranges
-sizes and strides (and ``slice`` the offset) of its input; their meta kernels are torch's python references under symbolic sizes, each part
-dispatched again. As in `fxprop.kinds.direct`, only a call whose answer is plain takes the
+sizes and strides (and ``slice`` the offset) of its input; under symbolic sizes their meta kernels
+are torch's python references, each part dispatched again. As in `fxprop.kinds.direct`, only a call whose answer is plain takes the
 shortcut: dims in range, sizes equal or 1 on sight, slice bounds that decide nothing. Anything
 else returns None, and the meta kernel runs, checks and raises as before. Their in-place forms
 (``t_``, ``unsqueeze_``) change self's sizes: they run their kernels.
@@ -97,27 +97,27 @@ def expand(input: Any, size: Any, *, implicit: bool = False) -> torch.Tensor | N
 def slice_(input: Any, dim: Any = 0, start: Any = None, end: Any = None, step: Any = 1) -> torch.Tensor | None:
     """ATen's ``slice``: the dim's elements from ``start`` to ``end`` (counted from its end where
     negative, then clamped into it), every ``step``-th, as a view. Taken where the bounds decide
-    nothing (`slice_bounds`); under symbolic sizes the meta kernel is torch's python decomposition."""
+    nothing (`slice_extent`); under symbolic sizes the meta kernel is torch's python decomposition."""
     if not isinstance(input, torch.Tensor) or input.dim() == 0 or type(step) is not int or step <= 0:
         return None
     at = wrapped_dim(dim, input.dim())
     if at is None:
         return None
     sizes, strides = list(input.shape), list(input.stride())
-    bounds = slice_bounds(sizes[at], start, end)
-    if bounds is None or (step != 1 and type(sizes[at]) is not int):
+    extent = slice_extent(sizes[at], start, end, step)
+    if extent is None:
         return None
-    first, last = bounds
+    first, sizes[at] = extent
     offset = input.storage_offset() + first * strides[at] if first else input.storage_offset()
-    sizes[at] = (last - first + step - 1) // step if step != 1 else last - first
     strides[at] = strides[at] * step if step != 1 else strides[at]
     return input.as_strided(sizes, strides, offset)
 
 
-def slice_bounds(size: Any, start: Any, end: Any) -> tuple[Any, Any] | None:
-    """``(start, end)`` of a slice of a dim of ``size``, clamped as ATen clamps them: int bounds of
-    an int size, or the whole of a symbolic dim (from no start or 0, to no end, the largest int, or
-    the size itself); None for anything whose clamping the sizes' ranges would decide."""
+def slice_extent(size: Any, start: Any, end: Any, step: int) -> tuple[Any, Any] | None:
+    """``(first, count)``: where a slice of a dim of ``size`` starts and how many elements it takes
+    (``step`` positive), its bounds clamped as ATen clamps them. Int bounds of an int size, or the
+    whole of a symbolic dim by steps of 1 (from no start or 0, to no end, the largest int, or the
+    size itself); None for anything whose clamping the sizes' ranges would decide."""
     if type(size) is int:
         first = 0 if start is None else start
         last = sys.maxsize if end is None else end
@@ -127,10 +127,10 @@ def slice_bounds(size: Any, start: Any, end: Any) -> tuple[Any, Any] | None:
         last = last + size if last < 0 else last
         first = min(max(first, 0), size)
         last = min(max(last, first), size)
-        return first, last
+        return first, (last - first + step - 1) // step
     whole_from_start = start is None or (type(start) is int and start == 0)
     whole_to_end = end is None or (type(end) is int and end == sys.maxsize) or same_size(end, size)
-    return (0, size) if whole_from_start and whole_to_end else None
+    return (0, size) if whole_from_start and whole_to_end and step == 1 else None
 
 
 DIRECT_VIEWS: dict[Any, Callable[..., Any]] = {
